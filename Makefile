@@ -1,0 +1,49 @@
+# disque-py: every target installs what it needs, idempotently, on a fresh machine.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+PORT   ?= 7711
+N      ?= 3
+PYTEST_ARGS ?=
+
+.PHONY: install run test test-fast bench lint cluster clean system-deps
+
+# Debian packages the tests and the benchmark use: redis-cli / redis-benchmark (redis-tools) and
+# redis-server (the "Redis as a queue" baseline of `make bench`).
+system-deps:
+	@if ! command -v redis-cli >/dev/null 2>&1 || ! command -v redis-server >/dev/null 2>&1; then \
+		echo "installing Debian redis-tools and redis-server"; \
+		SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-tools redis-server >/dev/null; \
+	fi
+
+$(STAMP): pyproject.toml
+	@[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+run: install
+	$(VENV)/bin/disque-server conf/disque.conf --port $(PORT)
+
+test: install system-deps
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-fast: install system-deps
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+bench: install system-deps
+	$(PY) -m benchmarks.run
+
+lint: install
+	$(VENV)/bin/ruff check disque tests benchmarks
+
+cluster: install
+	$(PY) -m disque.tools.cluster start --nodes $(N) --port $(PORT)
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .hypothesis run bench-results
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

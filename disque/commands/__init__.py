@@ -1,0 +1,97 @@
+"""Commands: one module per family; each handler parses arguments, calls the node, and
+appends reply bytes to the client's output.
+
+`TABLE` maps lowercase names to `Command` records (arity and flags as the original's
+command table, which COMMAND reports). A handler has the signature `handler(client, argv)`;
+it raises `CommandError` for failures and may block the client (GETJOB).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from disque.protocol.errors import CommandError, err, not_integer
+
+# Flag names in the order COMMAND lists them.
+FLAG_ORDER = ("write", "readonly", "denyoom", "admin", "random", "loading", "skip_monitor",
+              "fast")
+
+
+class Command:
+    __slots__ = ("name", "arity", "flags", "handler", "denyoom", "loading", "noauth",
+                 "calls", "usec")
+
+    def __init__(self, name: str, arity: int, flags: str, handler: Callable[..., Any],
+                 noauth: bool = False) -> None:
+        self.name = name
+        self.arity = arity
+        self.flags = tuple(f for f in FLAG_ORDER if f in flags.split())
+        self.handler = handler
+        self.denyoom = "denyoom" in self.flags
+        self.loading = "loading" in self.flags
+        self.noauth = noauth  # may run before AUTH (AUTH, HELLO)
+        self.calls = 0
+        self.usec = 0
+
+
+TABLE: dict[bytes, Command] = {}
+
+
+def command(name: str, arity: int, flags: str, noauth: bool = False) -> Callable:
+    """Register a handler in TABLE."""
+    def register(fn: Callable) -> Callable:
+        TABLE[name.encode()] = Command(name, arity, flags, fn, noauth)
+        return fn
+    return register
+
+
+_INT = re.compile(rb"[+-]?[0-9]+")
+_I64_MIN = -(1 << 63)
+_I64_MAX = (1 << 63) - 1
+
+
+def parse_int(b: bytes) -> int:
+    """Signed 64-bit base-10, whole string, no spaces; the empty string is 0 (as the
+    original's parser). Raises ValueError."""
+    if b.isdigit() and len(b) < 19:
+        return int(b)
+    if not b:
+        return 0
+    if _INT.fullmatch(b) is None:
+        raise ValueError(b)
+    v = int(b)
+    if v < _I64_MIN or v > _I64_MAX:
+        raise ValueError(b)
+    return v
+
+
+def int_arg(b: bytes) -> int:
+    """An integer argument, with the shared `value is not an integer` error."""
+    try:
+        return parse_int(b)
+    except ValueError:
+        raise not_integer() from None
+
+
+def timeout_arg(b: bytes) -> int:
+    """Milliseconds timeout: 0 = forever; errors as the checklist's timeout rules."""
+    try:
+        v = parse_int(b)
+    except ValueError:
+        raise err("timeout is not an integer or out of range") from None
+    if v < 0:
+        raise err("timeout is negative")
+    return v
+
+
+def wrong_arity(name: str) -> CommandError:
+    return err(f"wrong number of arguments for '{name}' command")
+
+
+def load_all() -> dict[bytes, Command]:
+    """Import every command module (each registers its handlers) and return TABLE."""
+    from disque.commands import admin, jobs, queues  # noqa: F401
+
+    return TABLE

@@ -1,0 +1,580 @@
+"""Server and admin commands: PING, ECHO, TIME, AUTH, HELLO, INFO, CONFIG, CLIENT, COMMAND,
+DEBUG, SHUTDOWN, MONITOR, SLOWLOG, LATENCY, CLUSTER, BGREWRITEAOF."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+from typing import Any
+
+from disque import __version__
+from disque.commands import TABLE, command, int_arg, parse_int, wrong_arity
+from disque.config import ConfigSetError, config_get, config_rewrite, config_set
+from disque.protocol.errors import CommandError, err, syntax
+from disque.protocol.reply import OK, PONG, Map, Status, bulk, encode, integer
+
+# ---------------------------------------------------------------------------- basics
+
+
+@command("ping", -1, "readonly fast")
+def cmd_ping(c: Any, argv: list[bytes]) -> None:
+    if len(argv) > 2:
+        raise wrong_arity("ping")
+    c.out.append(PONG if len(argv) == 1 else bulk(argv[1]))
+
+
+@command("echo", 2, "readonly fast")
+def cmd_echo(c: Any, argv: list[bytes]) -> None:
+    c.out.append(bulk(argv[1]))
+
+
+@command("time", 1, "readonly fast")
+def cmd_time(c: Any, argv: list[bytes]) -> None:
+    now = time.time_ns() // 1000
+    c.out.append(encode([str(now // 1_000_000).encode(), str(now % 1_000_000).encode()]))
+
+
+@command("auth", 2, "readonly loading fast", noauth=True)
+def cmd_auth(c: Any, argv: list[bytes]) -> None:
+    password = c.server.cfg.requirepass
+    if not password:
+        raise err("Client sent AUTH, but no password is set")
+    if len(argv[1]) <= 512 and argv[1] == password.encode():
+        c.authenticated = True
+        c.out.append(OK)
+    else:
+        c.authenticated = False
+        raise err("invalid password")
+
+
+@command("hello", -1, "readonly fast", noauth=True)
+def cmd_hello(c: Any, argv: list[bytes]) -> None:
+    """Plain HELLO is Disque's node list; HELLO <protover> ... is the Redis 6 handshake."""
+    if len(argv) == 1:
+        if not c.authenticated:
+            c.out.append(b"-NOAUTH Authentication required.\r\n")
+            return
+        c.out.append(encode(disque_hello(c.server), c.proto))
+        return
+    try:
+        protover = parse_int(argv[1])
+    except ValueError:
+        raise err("Protocol version is not an integer or out of range") from None
+    i = 2
+    auth: tuple[bytes, bytes] | None = None
+    setname: bytes | None = None
+    while i < len(argv):
+        opt = argv[i].lower()
+        if opt == b"auth" and i + 2 < len(argv):
+            auth = (argv[i + 1], argv[i + 2])
+            i += 3
+        elif opt == b"setname" and i + 1 < len(argv):
+            setname = argv[i + 1]
+            i += 2
+        else:
+            raise err(f"Syntax error in HELLO option '{argv[i].decode(errors='replace')}'")
+    if protover not in (2, 3):
+        raise CommandError("NOPROTO", "unsupported protocol version")
+    password = c.server.cfg.requirepass
+    if auth is not None:
+        user, pw = auth
+        if not password and user == b"default":
+            pass
+        elif user != b"default" or pw != password.encode():
+            raise CommandError("WRONGPASS",
+                               "invalid username-password pair or user is disabled.")
+        c.authenticated = True
+    if not c.authenticated:
+        raise CommandError("NOAUTH", "HELLO must be called with the client already "
+                           "authenticated, otherwise the HELLO <proto> AUTH <user> <pass> "
+                           "option can be used to authenticate the client and select the "
+                           "RESP protocol version at the same time")
+    if setname is not None:
+        check_client_name(setname)
+        c.name = setname
+    c.set_proto(protover)
+    c.out.append(encode(Map({
+        "server": "disque", "version": __version__, "proto": protover, "id": c.id,
+        "mode": "standalone", "role": "master", "modules": [],
+    }), c.proto))
+
+
+def disque_hello(server: Any) -> list[Any]:
+    """`:1`, my node ID, then [id, ip, port, priority] per known node (port and priority
+    as bulk strings)."""
+    node = server.node
+    entries = [[n.id, n.ip, str(n.port).encode(), str(n.priority).encode()]
+               for n in node.hello_nodes()]
+    return [1, node.myself, *entries]
+
+
+# ---------------------------------------------------------------------------- INFO
+def _human(n: float) -> str:
+    for unit in ("B", "K", "M", "G", "T"):
+        if n < 1024 or unit == "T":
+            return f"{n}B" if unit == "B" else f"{n:.2f}{unit}"
+        n /= 1024
+    return f"{n:.2f}P"
+
+
+def _rss() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def info_sections(server: Any) -> dict[str, list[tuple[str, Any]]]:
+    cfg = server.cfg
+    node = server.node
+    now = time.time()
+    uptime = int(now - server.start_time)
+    uname = platform.uname()
+    used = node.used_memory()
+    rss = _rss()
+    server.peak_memory = max(server.peak_memory, used)
+    ops, ikbps, okbps = server.instantaneous()
+    self_usage, child_usage = server.rusage()
+    clients = list(server.clients.values())
+    sections: dict[str, list[tuple[str, Any]]] = {
+        "Server": [
+            ("disque_version", __version__), ("disque_git_sha1", "00000000"),
+            ("disque_git_dirty", 0), ("disque_build_id", "0"),
+            ("os", f"{uname.system} {uname.release} {uname.machine}"),
+            ("arch_bits", 64 if sys.maxsize > 2**32 else 32),
+            ("multiplexing_api", "uvloop"),
+            ("gcc_version", "0.0.0"),
+            ("python_version", platform.python_version()),
+            ("process_id", os.getpid()), ("run_id", server.run_id),
+            ("tcp_port", cfg.port), ("uptime_in_seconds", uptime),
+            ("uptime_in_days", uptime // 86400), ("hz", cfg.hz),
+            ("executable", os.path.abspath(sys.argv[0])),
+            ("config_file", cfg.config_file or ""),
+        ],
+        "Clients": [
+            ("connected_clients", len(clients)),
+            ("client_longest_output_list", max(
+                (len(c.out) for c in clients), default=0)),
+            ("client_biggest_input_buf", 0),
+            ("blocked_clients", node.blocked),
+        ],
+        "Memory": [
+            ("used_memory", used), ("used_memory_human", _human(used)),
+            ("used_memory_rss", rss), ("used_memory_peak", server.peak_memory),
+            ("used_memory_peak_human", _human(server.peak_memory)),
+            ("mem_fragmentation_ratio", f"{rss / used:.2f}" if used else "0.00"),
+            ("mem_allocator", "pymalloc"),
+            ("maxmemory", node.maxmemory), ("maxmemory_human", _human(node.maxmemory)),
+            ("maxmemory_policy", node.maxmemory_policy),
+        ],
+        "Jobs": [("registered_jobs", len(node.jobs))],
+        "Queues": [("registered_queues", len(node.queues))],
+        "Persistence": server_persistence_info(server),
+        "Stats": [
+            ("total_connections_received", server.stat_connections),
+            ("total_commands_processed", server.stat_commands),
+            ("instantaneous_ops_per_sec", ops),
+            ("total_net_input_bytes", server.stat_net_input),
+            ("total_net_output_bytes", server.stat_net_output),
+            ("instantaneous_input_kbps", f"{ikbps:.2f}"),
+            ("instantaneous_output_kbps", f"{okbps:.2f}"),
+            ("rejected_connections", server.stat_rejected),
+            ("latest_fork_usec", 0),
+        ],
+        "CPU": [
+            ("used_cpu_sys", f"{self_usage.ru_stime:.2f}"),
+            ("used_cpu_user", f"{self_usage.ru_utime:.2f}"),
+            ("used_cpu_sys_children", f"{child_usage.ru_stime:.2f}"),
+            ("used_cpu_user_children", f"{child_usage.ru_utime:.2f}"),
+        ],
+    }
+    stats = []
+    for cmd in sorted(TABLE.values(), key=lambda c: c.name):
+        if cmd.calls:
+            stats.append((f"cmdstat_{cmd.name}",
+                          f"calls={cmd.calls},usec={cmd.usec},"
+                          f"usec_per_call={cmd.usec / cmd.calls:.2f}"))
+    sections["Commandstats"] = stats
+    return sections
+
+
+def server_persistence_info(server: Any) -> list[tuple[str, Any]]:
+    persistence = getattr(server, "persistence_info", None)
+    if persistence is not None:
+        return persistence()
+    return [("loading", int(server.loading)), ("aof_enabled", 0), ("aof_state", "off"),
+            ("aof_rewrite_in_progress", 0), ("aof_rewrite_scheduled", 0),
+            ("aof_last_rewrite_time_sec", -1), ("aof_current_rewrite_time_sec", -1),
+            ("aof_last_bgrewrite_status", "ok"), ("aof_last_write_status", "ok")]
+
+
+def render_info(server: Any, section: str | None) -> bytes:
+    sections = info_sections(server)
+    if section in (None, "default"):
+        names = [n for n in sections if n != "Commandstats"]
+    elif section == "all":
+        names = list(sections)
+    else:
+        names = [n for n in sections if n.lower() == section]
+    parts = []
+    for name in names:
+        lines = [f"# {name}"] + [f"{k}:{v}" for k, v in sections[name]]
+        parts.append("\r\n".join(lines) + "\r\n")
+    return "\r\n".join(parts).encode()
+
+
+@command("info", -1, "readonly loading")
+def cmd_info(c: Any, argv: list[bytes]) -> None:
+    if len(argv) > 2:
+        raise syntax()
+    section = argv[1].decode(errors="replace").lower() if len(argv) == 2 else None
+    c.out.append(bulk(render_info(c.server, section)))
+
+
+# ---------------------------------------------------------------------------- CONFIG
+@command("config", -2, "readonly admin")
+def cmd_config(c: Any, argv: list[bytes]) -> None:
+    sub = argv[1].lower()
+    n = len(argv)
+    cfg = c.server.cfg
+    typed = argv[1].decode(errors="replace")
+    try:
+        if sub == b"get":
+            if n != 3:
+                raise err(f"Wrong number of arguments for CONFIG {typed}")
+            flat: list[Any] = []
+            for name, value in config_get(cfg, argv[2].decode(errors="replace")):
+                flat += [name.encode(), value.encode()]
+            c.out.append(encode(flat, c.proto))
+        elif sub == b"set":
+            if n != 4:
+                raise err(f"Wrong number of arguments for CONFIG {typed}")
+            config_set(cfg, argv[2].decode(errors="replace"),
+                       argv[3].decode(errors="surrogateescape"))
+            c.out.append(OK)
+        elif sub == b"resetstat":
+            if n != 2:
+                raise err(f"Wrong number of arguments for CONFIG {typed}")
+            reset_stats(c.server)
+            c.out.append(OK)
+        elif sub == b"rewrite":
+            if n != 2:
+                raise err(f"Wrong number of arguments for CONFIG {typed}")
+            config_rewrite(cfg)
+            c.out.append(OK)
+        else:
+            raise err("CONFIG subcommand must be one of GET, SET, RESETSTAT, REWRITE")
+    except ConfigSetError as exc:
+        prefix, _, message = str(exc).partition(" ")
+        raise CommandError(prefix, message) from None
+
+
+def reset_stats(server: Any) -> None:
+    for cmd in TABLE.values():
+        cmd.calls = cmd.usec = 0
+    server.stat_connections = server.stat_rejected = server.stat_commands = 0
+    server.stat_net_input = server.stat_net_output = 0
+    server.ops_samples.clear()
+    server.peak_memory = server.node.used_memory()
+
+
+# ---------------------------------------------------------------------------- CLIENT
+def check_client_name(name: bytes) -> None:
+    if any(ch < 33 or ch > 126 for ch in name):
+        raise err("Client names cannot contain spaces, newlines or special characters.")
+
+
+def client_info(c: Any, now: float) -> str:
+    flags = "P" if c.closing else ("O" if c.monitor else ("b" if c.waiter else "N"))
+    sock = c.transport.get_extra_info("socket") if c.transport else None
+    fd = sock.fileno() if sock is not None else -1
+    return (f"id={c.id} addr={c.addr} fd={fd} name={c.name.decode(errors='replace')} "
+            f"age={int(now - c.ctime)} idle={int(now - c.last_interaction)} flags={flags} "
+            f"qbuf=0 qbuf-free=0 obl=0 oll={len(c.out)} "
+            f"omem={c.transport.get_write_buffer_size() if c.transport else 0} "
+            f"events=r cmd={c.last_cmd.decode().lower()}")
+
+
+CLIENT_SYNTAX = ("Syntax error, try CLIENT (LIST | KILL ip:port | GETNAME | "
+                 "SETNAME connection-name)")
+
+
+@command("client", -2, "readonly admin")
+def cmd_client(c: Any, argv: list[bytes]) -> None:
+    sub = argv[1].lower()
+    n = len(argv)
+    server = c.server
+    if sub == b"list" and n == 2:
+        now = time.monotonic()
+        text = "".join(client_info(x, now) + "\n" for x in list(server.clients.values()))
+        c.out.append(bulk(text.encode()))
+    elif sub == b"getname" and n == 2:
+        c.out.append(bulk(c.name) if c.name else c.null_bulk)
+    elif sub == b"setname" and n == 3:
+        check_client_name(argv[2])
+        c.name = argv[2]
+        c.out.append(OK)
+    elif sub == b"id" and n == 2:
+        c.out.append(integer(c.id))
+    elif sub == b"setinfo" and n == 4:
+        attr = argv[2].lower()
+        if attr == b"lib-name":
+            check_client_name(argv[3])
+            c.lib_name = argv[3]
+        elif attr == b"lib-ver":
+            c.lib_ver = argv[3]
+        else:
+            raise err(f"Unrecognized option '{argv[2].decode(errors='replace')}'")
+        c.out.append(OK)
+    elif sub == b"kill" and n == 3:
+        target = argv[2].decode(errors="replace")
+        for x in list(server.clients.values()):
+            if x.addr == target:
+                c.out.append(OK)
+                x.close()
+                return
+        raise err("No such client")
+    elif sub == b"kill" and n > 3 and n % 2 == 0:
+        client_kill_filters(c, argv)
+    elif sub == b"pause" and n == 3:
+        ms = int_arg(argv[2])
+        if ms < 0:
+            raise err("timeout is negative")
+        pause_clients(server, ms)
+        c.out.append(OK)
+    elif sub == b"reply" and n == 3:
+        mode = argv[2].lower()
+        if mode == b"on":
+            c.reply_mode = 0
+            c.out.append(OK)
+        elif mode == b"off":
+            c.reply_mode = 1
+        elif mode == b"skip":
+            c.reply_mode = 2
+        else:
+            raise syntax()
+    else:
+        raise err(CLIENT_SYNTAX)
+
+
+def client_kill_filters(c: Any, argv: list[bytes]) -> None:
+    cid = addr = None
+    skipme = True
+    for i in range(2, len(argv), 2):
+        key, value = argv[i].lower(), argv[i + 1]
+        if key == b"id":
+            cid = int_arg(value)
+        elif key == b"addr":
+            addr = value.decode(errors="replace")
+        elif key == b"type":
+            if value.lower() != b"normal":
+                raise err(f"Unknown client type '{value.decode(errors='replace')}'")
+        elif key == b"skipme":
+            if value.lower() not in (b"yes", b"no"):
+                raise syntax()
+            skipme = value.lower() == b"yes"
+        else:
+            raise syntax()
+    killed = 0
+    for x in list(c.server.clients.values()):
+        if (cid is not None and x.id != cid) or (addr is not None and x.addr != addr):
+            continue
+        if x is c and skipme:
+            continue
+        killed += 1
+        if x is c:
+            c.closing = True
+            c.server.loop.call_soon(c.transport.close)
+        else:
+            x.close()
+    c.out.append(integer(killed))
+
+
+def pause_clients(server: Any, ms: int) -> None:
+    """Stop reading from every client for `ms` milliseconds (replies still flow)."""
+    paused = [x for x in server.clients.values() if not x.closing and x.transport]
+    for x in paused:
+        x.transport.pause_reading()
+
+    def resume() -> None:
+        for x in paused:
+            if not x.closing and x.waiter is None:
+                x.transport.resume_reading()
+
+    server.loop.call_later(ms / 1000, resume)
+
+
+# ---------------------------------------------------------------------------- COMMAND
+def command_entry(cmd: Any) -> list[Any]:
+    return [cmd.name.encode(), cmd.arity, [Status(f) for f in cmd.flags], 0, 0, 0]
+
+
+@command("command", 0, "readonly loading")
+def cmd_command(c: Any, argv: list[bytes]) -> None:
+    if len(argv) == 1:
+        c.out.append(encode([command_entry(x) for x in TABLE.values()], c.proto))
+        return
+    sub = argv[1].lower()
+    if sub == b"count" and len(argv) == 2:
+        c.out.append(integer(len(TABLE)))
+    elif sub == b"info":
+        entries = [command_entry(TABLE[a.lower()]) if a.lower() in TABLE else None
+                   for a in argv[2:]]
+        c.out.append(encode(entries, c.proto))
+    else:
+        raise err("Unknown subcommand or wrong number of arguments.")
+
+
+# ---------------------------------------------------------------------------- DEBUG
+@command("debug", -2, "admin")
+def cmd_debug(c: Any, argv: list[bytes]) -> None:
+    sub = argv[1].lower()
+    n = len(argv)
+    if sub == b"sleep" and n == 3:
+        try:
+            seconds = float(argv[2])
+        except ValueError:
+            seconds = 0.0
+        time.sleep(max(0.0, seconds))  # blocks the whole server, as the original does
+        c.out.append(OK)
+    elif sub == b"flushall" and n == 2:
+        c.node.flushall()
+        c.out.append(OK)
+    elif sub == b"error" and n == 3:
+        text = argv[2].decode(errors="replace").replace("\r", " ").replace("\n", " ")
+        c.out.append(b"-" + text.encode() + b"\r\n")
+    elif sub == b"structsize" and n == 2:
+        from disque.jobs.job import Job
+        text = f"bits:{64 if sys.maxsize > 2**32 else 32} job:{sys.getsizeof(Job)}\r\n"
+        c.out.append(bulk(text.encode()))
+    elif sub == b"jmap" and n == 2:  # counts per state, handy for tests
+        counts = [0, 0, 0, 0]
+        for job in c.node.jobs.values():
+            counts[job.state] += 1
+        c.out.append(encode([b"wait-repl", counts[0], b"active", counts[1],
+                             b"queued", counts[2], b"acked", counts[3]], c.proto))
+    else:
+        raise err(f"Unknown DEBUG subcommand or wrong number of arguments for "
+                  f"'{argv[1].decode(errors='replace')}'")
+
+
+# ---------------------------------------------------------------------------- lifecycle
+@command("shutdown", -1, "readonly admin loading")
+def cmd_shutdown(c: Any, argv: list[bytes]) -> None:
+    if len(argv) > 2:
+        raise syntax()
+    mode = argv[1].lower() if len(argv) == 2 else b""
+    if mode not in (b"", b"nosave", b"save", b"rewrite-aof"):
+        raise syntax()
+    server = c.server
+    prepare = getattr(server, "prepare_shutdown", None)
+    if prepare is not None and not prepare(mode):
+        raise err("Errors trying to SHUTDOWN. Check logs.")
+    server.shutdown()
+
+
+@command("monitor", 1, "readonly admin")
+def cmd_monitor(c: Any, argv: list[bytes]) -> None:
+    c.monitor = True
+    c.server.monitors.add(c)
+    c.out.append(OK)
+
+
+@command("slowlog", -2, "readonly")
+def cmd_slowlog(c: Any, argv: list[bytes]) -> None:
+    sub = argv[1].lower()
+    server = c.server
+    if sub == b"get" and len(argv) in (2, 3):
+        count = int_arg(argv[2]) if len(argv) == 3 else 10
+        entries = list(server.slowlog)[: max(count, 0)] if count >= 0 else list(server.slowlog)
+        c.out.append(encode(entries, c.proto))
+    elif sub == b"len" and len(argv) == 2:
+        c.out.append(integer(len(server.slowlog)))
+    elif sub == b"reset" and len(argv) == 2:
+        server.slowlog.clear()
+        c.out.append(OK)
+    else:
+        raise err("Unknown SLOWLOG subcommand or wrong # of args. Try GET, RESET, LEN.")
+
+
+@command("latency", -2, "readonly admin loading")
+def cmd_latency(c: Any, argv: list[bytes]) -> None:
+    """Latency monitoring keeps no samples yet (latency-monitor-threshold is parsed): every
+    query answers as the original does with an empty history."""
+    sub = argv[1].lower()
+    if sub == b"latest" and len(argv) == 2:
+        c.out.append(encode([], c.proto))
+    elif sub == b"history" and len(argv) == 3:
+        c.out.append(encode([], c.proto))
+    elif sub == b"reset":
+        c.out.append(integer(0))
+    elif sub == b"doctor" and len(argv) == 2:
+        c.out.append(bulk(b"No latency spikes were observed: the latency monitor is "
+                          b"enabled with latency-monitor-threshold (currently "
+                          + str(c.server.cfg.latency_monitor_threshold).encode()
+                          + b" ms) but keeps no samples in this version.\n"))
+    elif sub == b"graph" and len(argv) == 3:
+        raise err(f"No samples available for event '{argv[2].decode(errors='replace')}'")
+    else:
+        raise syntax()
+
+
+# ---------------------------------------------------------------------------- CLUSTER
+CLUSTER_USAGE = "Wrong CLUSTER subcommand or number of arguments"
+
+
+@command("cluster", -2, "readonly admin")
+def cmd_cluster(c: Any, argv: list[bytes]) -> None:
+    sub = argv[1].lower()
+    n = len(argv)
+    node = c.node
+    server = c.server
+    if sub == b"myid" and n == 2:
+        c.out.append(bulk(node.myself))
+    elif sub == b"leaving" and n == 2:
+        c.out.append(b"+yes\r\n" if node.leaving else b"+no\r\n")
+    elif sub == b"leaving" and n == 3:
+        value = argv[2].lower()
+        if value not in (b"yes", b"no"):
+            raise err("Wrong argument for CLUSTER LEAVING. Use 'yes' or 'no'")
+        node.set_leaving(value == b"yes")
+        c.out.append(OK)
+    elif sub == b"nodes" and n == 2:
+        c.out.append(bulk(cluster_nodes(server).encode()))
+    elif sub == b"info" and n == 2:
+        info = node.cluster_info()
+        text = "".join(f"{k}:{v}\r\n" for k, v in info)
+        c.out.append(bulk(text.encode()))
+    elif sub == b"reset" and n in (2, 3):
+        hard = False
+        if n == 3:
+            mode = argv[2].lower()
+            if mode not in (b"soft", b"hard"):
+                raise syntax()
+            hard = mode == b"hard"
+        server.cluster_reset(hard)
+        c.out.append(OK)
+    else:
+        raise err(CLUSTER_USAGE)
+
+
+def cluster_nodes(server: Any) -> str:
+    lines = []
+    for n in server.node.hello_nodes():
+        flags = ",".join(n.flags) or "noflags"
+        lines.append(f"{n.id.decode()} {n.ip.decode()}:{n.port} {flags} {n.ping_sent} "
+                     f"{n.pong_received} {n.link}\n")
+    return "".join(lines)
+
+
+@command("bgrewriteaof", 1, "readonly admin")
+def cmd_bgrewriteaof(c: Any, argv: list[bytes]) -> None:
+    start = getattr(c.server, "bgrewriteaof", None)
+    if start is None:
+        raise err("Background append only file rewriting is not available")
+    start()
+    c.out.append(b"+Background append only file rewriting started\r\n")

@@ -1,0 +1,118 @@
+"""Queue commands: QLEN, QPEEK, QSTAT, QSCAN, PAUSE."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from disque.commands import command, int_arg
+from disque.commands.jobs import job_entry, parse_cursor
+from disque.protocol.errors import syntax
+from disque.protocol.reply import EMPTY_ARRAY, array_len, encode, integer
+from disque.queues.queue import PAUSE_IN, PAUSE_OUT, Queue
+
+
+@command("qlen", 2, "readonly fast")
+def cmd_qlen(c: Any, argv: list[bytes]) -> None:
+    q = c.node.lookup_queue(argv[1])
+    c.out.append(integer(len(q.jobs) if q is not None else 0))
+
+
+@command("qpeek", 3, "readonly")
+def cmd_qpeek(c: Any, argv: list[bytes]) -> None:
+    count = int_arg(argv[2])
+    q = c.node.lookup_queue(argv[1])
+    if q is None or count == 0:
+        c.out.append(EMPTY_ARRAY)
+        return
+    jobs = q.jobs.oldest(count) if count > 0 else q.jobs.newest(-count)
+    c.out.append(array_len(len(jobs)) + b"".join(job_entry(j, False) for j in jobs))
+
+
+def queue_stats(node: Any, q: Queue) -> list[Any]:
+    now = node.clock()
+    return [
+        b"name", q.name,
+        b"len", len(q.jobs),
+        b"age", (now - q.ctime) // 1000,
+        b"idle", (now - q.atime) // 1000,
+        b"blocked", len(q.waiters),
+        b"import-from", list(node.import_sources(q)),
+        b"import-rate", q.import_rate,
+        b"jobs-in", q.jobs_in,
+        b"jobs-out", q.jobs_out,
+        b"pause", q.pause_name(),
+    ]
+
+
+@command("qstat", 2, "readonly fast")
+def cmd_qstat(c: Any, argv: list[bytes]) -> None:
+    q = c.node.lookup_queue(argv[1])
+    if q is None:
+        c.out.append(c.null_array)
+        return
+    c.out.append(encode(queue_stats(c.node, q), c.proto))
+
+
+@command("qscan", -1, "readonly")
+def cmd_qscan(c: Any, argv: list[bytes]) -> None:
+    cursor = None
+    count = 100
+    busyloop = False
+    minlen = maxlen = importrate = None
+    n = len(argv)
+    i = 1
+    while i < n:
+        opt = argv[i].lower()
+        has_value = i + 1 < n
+        if opt == b"busyloop":
+            busyloop = True
+        elif opt == b"count" and has_value:
+            count = int_arg(argv[i + 1])
+            i += 1
+        elif opt == b"minlen" and has_value:
+            minlen = int_arg(argv[i + 1])
+            i += 1
+        elif opt == b"maxlen" and has_value:
+            maxlen = int_arg(argv[i + 1])
+            i += 1
+        elif opt == b"importrate" and has_value:
+            importrate = int_arg(argv[i + 1])
+            i += 1
+        else:
+            cursor = parse_cursor(argv[i], cursor)
+        i += 1
+    if count < 1:
+        count = 1
+
+    def keep(q: Queue) -> bool:
+        n = len(q.jobs)
+        return ((minlen is None or n >= minlen) and (maxlen is None or n <= maxlen)
+                and (importrate is None or q.import_rate >= importrate))
+
+    nxt, queues = c.node.queues.scan(cursor or 0, count, keep, busyloop)
+    c.out.append(encode([str(nxt).encode(), [q.name for q in queues]], c.proto))
+
+
+_PAUSE_OPTS = {b"none": 0, b"in": PAUSE_IN, b"out": PAUSE_OUT, b"all": PAUSE_IN | PAUSE_OUT}
+
+
+@command("pause", -3, "readonly fast")
+def cmd_pause(c: Any, argv: list[bytes]) -> None:
+    flags = 0
+    changed = False
+    bcast = False
+    for opt in argv[2:]:
+        opt = opt.lower()
+        if opt in _PAUSE_OPTS:
+            value = _PAUSE_OPTS[opt]
+            flags = 0 if value == 0 else flags | value
+            changed = True
+        elif opt == b"bcast":
+            bcast = True
+        elif opt != b"state":
+            raise syntax()
+    node = c.node
+    state = node.pause(argv[1], flags if changed else None)
+    if bcast:
+        node.broadcast_pause(argv[1])
+    c.out.append(b"+" + state + b"\r\n")

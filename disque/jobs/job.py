@@ -1,0 +1,48 @@
+"""The Job record and its states."""
+
+from __future__ import annotations
+
+WAIT_REPL = 0
+ACTIVE = 1
+QUEUED = 2
+ACKED = 3
+STATE_NAMES = (b"wait-repl", b"active", b"queued", b"acked")
+STATE_BY_NAME = {name: i for i, name in enumerate(STATE_NAMES)}
+
+# flags
+F_BCAST_QUEUED = 1  # queued at least once on this node: a later queueing counts a delivery
+F_BCAST_WILLQUEUE = 2  # WILLQUEUE already sent for the current requeue cycle
+F_DELIVERED = 4  # handed to a consumer at least once
+F_DUMMY = 8  # a dummy ACK: an ACKJOB for an ID this node never held
+
+
+class Job:
+    """One job as this node knows it. `delivered` / `confirmed` are tuples of node IDs."""
+
+    __slots__ = ("id", "queue", "body", "state", "flags", "repl", "ctime", "etime", "delay",
+                 "retry", "nacks", "deliveries", "delivered", "confirmed", "qtime", "awake",
+                 "gc_retry")
+
+    def __init__(self, job_id: bytes, queue: bytes | None, body: bytes | None, *,
+                 repl: int, ctime: int, etime: int, delay: int, retry: int,
+                 delivered: tuple[bytes, ...]) -> None:
+        self.id = job_id
+        self.queue = queue
+        self.body = body
+        self.state = WAIT_REPL
+        self.flags = 0
+        self.repl = repl
+        self.ctime = ctime
+        self.etime = etime  # ms: expiry
+        self.delay = delay  # s
+        self.retry = retry  # s
+        self.nacks = 0
+        self.deliveries = 0
+        self.delivered = delivered
+        self.confirmed: tuple[bytes, ...] = ()
+        self.qtime = 0  # ms: next (re)queue on this node, 0 = never
+        self.awake = 0  # ms: when the timer wheel looks at the job next, 0 = not scheduled
+        self.gc_retry = 0
+
+    def __repr__(self) -> str:
+        return f"<Job {self.id.decode()} {STATE_NAMES[self.state].decode()}>"

@@ -1,0 +1,590 @@
+"""The node: jobs, queues and timers of one Disque node, as plain sans-I/O code.
+
+Everything a node decides happens here, driven by three kinds of events: client commands
+(called by `disque.commands`), timers (`tick(now)` from the I/O layer) and, with the cluster
+issues, bus messages. Effects leave through narrow doors: replies to blocked clients go to
+their `Waiter`, persistence records to `self.persist`, cluster messages (later) to an outbox.
+The clock (`clock()` -> unix ms) and randomness are injected, so tests run a node with a
+fake clock and no sockets.
+
+Procedures carry the spec's names: `enqueue`, `dequeue`, `unregister`, `ack_job`,
+`start_gc`; the per-job timer is `process_job`, as in the original's job.c.
+
+Invariants:
+- a job is in the registry iff it is known; it is in its queue iff its state is QUEUED;
+- `job.qtime == 0` means this node will never queue the job (again): at-most-once jobs after
+  their first queueing;
+- `job.awake` is the time of the job's live timer-wheel entry (0 after unregister).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from disque.cluster.nodes import ClusterNode
+from disque.jobs.ids import IdGenerator, id_is_at_least_once, id_ttl_minutes
+from disque.jobs.job import (
+    ACKED,
+    ACTIVE,
+    F_BCAST_QUEUED,
+    F_DELIVERED,
+    F_DUMMY,
+    QUEUED,
+    Job,
+)
+from disque.protocol.errors import CommandError, err, leaving
+from disque.queues.queue import PAUSE_IN, PAUSE_OUT, Queue
+from disque.scan import ScanDict
+from disque.timers import Timer, TimerWheel
+
+DEFAULT_TTL = 86400
+RETRY_CAP = 300
+REQUEUE_JITTER = 250  # ms: requeue times get uniform [-250, +250) added
+QUEUE_GC_PERIOD = 100  # ms between queue eviction samples
+QUEUE_GC_SHARDS = 16  # queue-table shards sampled per period
+
+# Memory estimate (INFO used_memory and the maxmemory rules). The constants are the measured
+# Python cost of a queued job besides its body (object, ID, registry and queue slots) and of
+# an empty queue object; `BASE_MEMORY` stands for the server's fixed structures.
+JOB_MEMORY = 480
+QUEUE_MEMORY = 900
+BASE_MEMORY = 1024 * 1024
+
+
+class Waiter:
+    """A client blocked in GETJOB. The command layer subclasses it to write the replies."""
+
+    __slots__ = ("queues", "timer", "count", "withcounters")
+
+    def __init__(self, queues: list[bytes], count: int, withcounters: bool) -> None:
+        self.queues = queues
+        self.count = count
+        self.withcounters = withcounters
+        self.timer: Timer | None = None
+
+    def on_jobs(self, jobs: list[Job]) -> None:
+        raise NotImplementedError
+
+    def on_timeout(self) -> None:
+        raise NotImplementedError
+
+    def on_error(self, error: CommandError) -> None:
+        raise NotImplementedError
+
+
+class NullPersistence:
+    """Where AOF records go when persistence is off (the AOF issue plugs in here)."""
+
+    def loadjob(self, job: Job) -> None:
+        pass
+
+    def deljob(self, job_id: bytes) -> None:
+        pass
+
+
+class Node:
+    def __init__(self, myself: bytes, clock: Callable[[], int], *,
+                 rng: random.Random | None = None,
+                 randbytes: Callable[[int], bytes] | None = None,
+                 maxmemory: int = 1 << 30, maxmemory_policy: str = "acks",
+                 queue_idle_timeout: int = 300) -> None:
+        self.myself = myself  # 40 hex chars, as bytes
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.ids = IdGenerator(myself, randbytes) if randbytes else IdGenerator(myself)
+        self.jobs = ScanDict(12)
+        self.queues = ScanDict(8)
+        self.wheel = TimerWheel()
+        self.persist: Any = NullPersistence()
+        self.last_ctime = 0
+        self.leaving = False
+        self.my_ip = b""  # the address clients and peers reach us at (HELLO)
+        self.my_port = 0
+        self.maxmemory = maxmemory
+        self.maxmemory_policy = maxmemory_policy
+        self.queue_idle_timeout = queue_idle_timeout
+        self.mem_jobs = 0
+        self.blocked = 0  # clients blocked in GETJOB
+        self._self_only = (myself,)
+        self._queue_gc_cursor = 0
+        self._queue_gc_timer = Timer(self._queue_gc)
+        self.wheel.schedule(self._queue_gc_timer, clock() + QUEUE_GC_PERIOD)
+
+    def set_myself(self, myself: bytes) -> None:
+        """A new node ID (CLUSTER RESET HARD): new jobs carry its prefix."""
+        self.myself = myself
+        self._self_only = (myself,)
+        self.ids.prefix = b"D-" + myself[:8] + b"-"
+
+    # ------------------------------------------------------------------ cluster view
+    def cluster_size(self) -> int:
+        """Known non-handshake nodes including myself (the cluster issue extends this)."""
+        return 1
+
+    def reachable_others(self) -> list[bytes]:
+        return []
+
+    def default_replicate(self) -> int:
+        return min(3, self.cluster_size())
+
+    def hello_nodes(self) -> list[ClusterNode]:
+        """Every known node for HELLO and CLUSTER NODES (just myself for now)."""
+        me = ClusterNode(self.myself, self.my_ip, self.my_port)
+        me.flags = ["myself", "leaving"] if self.leaving else ["myself"]
+        return [me]
+
+    def cluster_info(self) -> list[tuple[str, object]]:
+        known = self.hello_nodes()
+        return [("cluster_state", "ok"), ("cluster_known_nodes", len(known)),
+                ("cluster_reachable_nodes", len(self.reachable_others())),
+                ("cluster_size", self.cluster_size()),
+                ("cluster_stats_messages_sent", 0), ("cluster_stats_messages_received", 0)]
+
+    def import_sources(self, q: Queue) -> list[bytes]:
+        """Nodes that recently gave us jobs for `q` (QSTAT import-from)."""
+        return list(q.needjobs_responders)
+
+    def broadcast_pause(self, name: bytes) -> None:
+        """PAUSE ... bcast: with no other node there is no one to tell."""
+
+    # ------------------------------------------------------------------ memory
+    def used_memory(self) -> int:
+        return BASE_MEMORY + self.mem_jobs + len(self.queues) * QUEUE_MEMORY
+
+    def memory_level(self) -> int:
+        """0 normal; 1 above 75% of maxmemory; 2 above 95%; 3 above 100%."""
+        if not self.maxmemory:
+            return 0
+        used = self.used_memory()
+        if used > self.maxmemory:
+            return 3
+        if used * 100 > self.maxmemory * 95:
+            return 2
+        if used * 100 > self.maxmemory * 75:
+            return 1
+        return 0
+
+    def ensure_memory(self) -> bool:
+        """Before a command that adds memory: evict what is safe at >= 95%, then say whether
+        the command may run (False = answer -OOM)."""
+        if not self.maxmemory:
+            return True
+        if self.used_memory() * 100 <= self.maxmemory * 95:
+            return True
+        if self.maxmemory_policy == "acks":
+            self.evict(self.maxmemory * 95 // 100)
+        return self.used_memory() <= self.maxmemory
+
+    def evict(self, target: int) -> int:
+        """Free acked jobs and already delivered at-most-once jobs (never anything a consumer
+        could still need), then idle empty queues, until used memory <= target."""
+        freed = 0
+        jobs = self.jobs
+        nshards = jobs.shard_count()
+        start = self.rng.randrange(nshards)
+        for k in range(nshards):
+            if self.used_memory() <= target:
+                return freed
+            shard = jobs.shard(start + k)
+            if not shard:
+                continue
+            for job in list(shard.values()):
+                if job.state == ACKED or (job.retry == 0 and job.flags & F_DELIVERED
+                                          and job.state != QUEUED):
+                    self.delete_job(job)
+                    freed += 1
+                    if self.used_memory() <= target:
+                        return freed
+        for q in list(self.queues.values()):
+            if self.used_memory() <= target:
+                break
+            if q.evictable():
+                self.queues.pop(q.name)
+        return freed
+
+    # ------------------------------------------------------------------ registry
+    def lookup_job(self, job_id: bytes) -> Job | None:
+        return self.jobs.get(job_id)
+
+    def register(self, job: Job) -> None:
+        self.jobs.add(job.id, job)
+        self.mem_jobs += JOB_MEMORY + len(job.body or b"")
+
+    def unregister(self, job: Job) -> None:
+        """Delete the job from memory and, if queued, from its queue (spec: UNREGISTER)."""
+        if job.state == QUEUED:
+            self.dequeue(job)
+        if self.jobs.pop(job.id) is not None:
+            self.mem_jobs -= JOB_MEMORY + len(job.body or b"")
+        job.awake = 0
+
+    def delete_job(self, job: Job) -> None:
+        """Unregister, logging the deletion when the AOF holds the job."""
+        if job.state in (ACTIVE, QUEUED):
+            self.persist.deljob(job.id)
+        self.unregister(job)
+
+    def new_ctime(self) -> int:
+        ctime = self.clock() * 1_000_000
+        if ctime <= self.last_ctime:
+            ctime = self.last_ctime + 1
+        self.last_ctime = ctime
+        return ctime
+
+    # ------------------------------------------------------------------ queues
+    def lookup_queue(self, name: bytes) -> Queue | None:
+        return self.queues.get(name)
+
+    def create_queue(self, name: bytes) -> Queue:
+        q = self.queues.get(name)
+        if q is None:
+            q = Queue(name, self.clock())
+            self.queues.add(name, q)
+        return q
+
+    def enqueue(self, job: Job) -> bool:
+        """Put an active job into its queue (spec: ENQUEUE; original: queueJob).
+
+        Refused for jobs already queued, not active, or that must never be queued again
+        (qtime 0: an at-most-once job after its first queueing).
+        """
+        if job.state != ACTIVE or job.qtime == 0:
+            return False
+        now = self.clock()
+        q = self.create_queue(job.queue)
+        job.state = QUEUED
+        job.flags |= F_BCAST_QUEUED
+        q.jobs.add(job)
+        q.jobs_in += 1
+        q.atime = now
+        job.qtime = self.requeue_time(job, now) if job.retry else 0
+        self.schedule_job(job)
+        if q.waiters and not q.paused & PAUSE_OUT:
+            self.serve_waiters(q)
+        return True
+
+    def dequeue(self, job: Job) -> bool:
+        """Take a queued job out of its queue; it stays active (spec: DEQUEUE)."""
+        if job.state != QUEUED:
+            return False
+        q = self.queues.get(job.queue)
+        if q is not None:
+            q.jobs.remove(job)
+        job.state = ACTIVE
+        return True
+
+    def fetch(self, q: Queue) -> Job:
+        """Pop the oldest job of a queue for a consumer."""
+        job = q.jobs.pop_first()
+        job.state = ACTIVE
+        job.flags |= F_DELIVERED
+        q.jobs_out += 1
+        q.atime = self.clock()
+        return job
+
+    def requeue_time(self, job: Job, now: int) -> int:
+        return now + job.retry * 1000 + self.rng.randrange(-REQUEUE_JITTER, REQUEUE_JITTER)
+
+    # ------------------------------------------------------------------ ADDJOB
+    def add_job(self, queue: bytes, body: bytes, timeout_ms: int, *, replicate: int | None,
+                ttl: int | None, retry: int | None, delay: int, maxlen: int | None,
+                async_: bool) -> Job:
+        """ADDJOB after option parsing: checks 3..7 of the checklist, in order."""
+        repl = replicate if replicate is not None else self.default_replicate()
+        ttl = ttl if ttl is not None else DEFAULT_TTL
+        if retry is None:
+            retry = max(1, min(ttl // 10, RETRY_CAP))
+        elif retry == 0 and repl > 1:
+            raise err("With RETRY set to 0 please explicitly set  REPLICATE to 1 "
+                      "(at-most-once delivery)")
+        if delay >= ttl:
+            raise err("The specified DELAY is greater than TTL. Job refused since would "
+                      "never be delivered")
+        if repl - 1 > len(self.reachable_others()):
+            raise CommandError("NOREPL", "Not enough reachable nodes for the requested "
+                                         "replication level")
+        q = self.queues.get(queue)
+        if maxlen is not None and q is not None and len(q.jobs) >= maxlen:
+            raise CommandError("MAXLEN", "Queue is already longer than the specified MAXLEN "
+                                         "count")
+        if q is not None and q.paused & PAUSE_IN:
+            raise CommandError("PAUSED", "Queue paused in input, try later")
+        now = self.clock()
+        job = Job(self.ids.new_id(ttl, retry), q.name if q is not None else queue, body,
+                  repl=repl, ctime=self.new_ctime(), etime=now + ttl * 1000, delay=delay,
+                  retry=retry, delivered=self._self_only)
+        self.register(job)
+        job.state = ACTIVE
+        if delay:
+            job.qtime = now + delay * 1000
+            self.schedule_job(job)
+        else:
+            job.qtime = now  # due: the first queueing below
+            self.enqueue(job)
+        self.persist.loadjob(job)
+        return job
+
+    # ------------------------------------------------------------------ GETJOB
+    def get_jobs(self, names: list[bytes], count: int) -> list[Job]:
+        """Passes over the queues left to right, one job per queue per pass, until `count`
+        jobs or a pass that yields nothing. Queues paused in output are skipped."""
+        jobs: list[Job] = []
+        queues = [self.queues.get(n) for n in names]
+        while True:
+            got = False
+            for q in queues:
+                if q is not None and q.jobs and not q.paused & PAUSE_OUT:
+                    jobs.append(self.fetch(q))
+                    got = True
+                    if len(jobs) >= count:
+                        return jobs
+            if not got:
+                return jobs
+
+    def block(self, waiter: Waiter, timeout_ms: int) -> None:
+        """Park a GETJOB client on its queues until a job, the timeout, or LEAVING."""
+        if self.leaving:
+            raise leaving()
+        for name in waiter.queues:
+            self.create_queue(name).waiters[waiter] = None
+        self.blocked += 1
+        if timeout_ms:
+            waiter.timer = Timer(lambda now, w=waiter: self._waiter_timeout(w))
+            self.wheel.schedule(waiter.timer, self.clock() + timeout_ms)
+
+    def unblock(self, waiter: Waiter) -> None:
+        """Forget a blocked client (served, timed out, or disconnected)."""
+        removed = False
+        for name in waiter.queues:
+            q = self.queues.get(name)
+            if q is not None and q.waiters.pop(waiter, 0) is None:
+                removed = True
+        if removed:
+            self.blocked -= 1
+        if waiter.timer is not None:
+            waiter.timer.cancel()
+            waiter.timer = None
+
+    def _waiter_timeout(self, waiter: Waiter) -> None:
+        self.unblock(waiter)
+        waiter.on_timeout()
+
+    def serve_waiters(self, q: Queue) -> None:
+        """Hand jobs of `q` to its blocked clients, oldest client first, one job each."""
+        waiters = q.waiters
+        while q.jobs and waiters and not q.paused & PAUSE_OUT:
+            waiter = next(iter(waiters))
+            self.unblock(waiter)
+            waiter.on_jobs([self.fetch(q)])
+
+    def set_leaving(self, leaving: bool) -> None:
+        self.leaving = leaving
+        if leaving:
+            for q in list(self.queues.values()):
+                for waiter in list(q.waiters):
+                    self.unblock(waiter)
+                    waiter.on_error(leaving())
+
+    # ------------------------------------------------------------------ ACK and friends
+    def ack_job(self, job: Job) -> None:
+        """Mark a job acknowledged (spec: ACK-JOB)."""
+        if job.state == ACKED:
+            return
+        if job.state == QUEUED:
+            self.dequeue(job)
+        if job.state in (ACTIVE, QUEUED):
+            self.persist.deljob(job.id)
+        job.state = ACKED
+        job.qtime = 0
+
+    def start_gc(self, job: Job) -> None:
+        """Try to collect an acked job (spec: START-GC). Alone, or when no other node may
+        hold a copy, the job is simply deleted; the cluster issue sends SETACK otherwise."""
+        myself = self.myself
+        if job.flags & F_DUMMY:
+            if self.cluster_size() == 1:
+                self.unregister(job)
+            return
+        if all(n == myself for n in job.delivered):
+            self.unregister(job)
+
+    def ackjob(self, ids: Iterable[bytes]) -> int:
+        known = 0
+        for job_id in ids:
+            job = self.jobs.get(job_id)
+            if job is None:
+                if (self.cluster_size() > 1 and not self.leaving
+                        and id_is_at_least_once(job_id)):
+                    self._dummy_ack(job_id)
+                continue
+            if job.state != ACKED:
+                known += 1
+                self.ack_job(job)
+            self.start_gc(job)
+        return known
+
+    def _dummy_ack(self, job_id: bytes) -> None:
+        now = self.clock()
+        job = Job(job_id, None, None, repl=0, ctime=0,
+                  etime=now + id_ttl_minutes(job_id) * 60_000, delay=0, retry=0,
+                  delivered=())
+        job.state = ACKED
+        job.flags |= F_DUMMY
+        job.confirmed = self._self_only
+        self.register(job)
+        self.schedule_job(job)
+        self.start_gc(job)
+
+    def fastack(self, ids: Iterable[bytes]) -> int:
+        known = 0
+        for job_id in ids:
+            job = self.jobs.get(job_id)
+            if job is not None:
+                known += 1
+                self.delete_job(job)
+        return known
+
+    def deljob(self, ids: Iterable[bytes]) -> int:
+        known = 0
+        for job_id in ids:
+            job = self.jobs.get(job_id)
+            if job is not None:
+                known += 1
+                self.delete_job(job)
+        return known
+
+    def enqueue_jobs(self, ids: Iterable[bytes], nack: bool) -> int:
+        """ENQUEUE / NACK: active jobs back into their queue; counters as the checklist."""
+        moved = 0
+        for job_id in ids:
+            job = self.jobs.get(job_id)
+            if job is None or job.state != ACTIVE:
+                continue
+            requeued = job.flags & F_BCAST_QUEUED
+            if self.enqueue(job):
+                moved += 1
+                if nack:
+                    job.nacks += 1
+                elif requeued:
+                    job.deliveries += 1
+        return moved
+
+    def dequeue_jobs(self, ids: Iterable[bytes]) -> int:
+        moved = 0
+        for job_id in ids:
+            job = self.jobs.get(job_id)
+            if job is not None and self.dequeue(job):
+                moved += 1
+        return moved
+
+    def working(self, job_id: bytes) -> int:
+        """Postpone the next delivery by the retry time; returns the retry (seconds)."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise CommandError("NOJOB", "Job not known in the context of this node.")
+        now = self.clock()
+        ctime_ms = job.ctime // 1_000_000
+        if now - ctime_ms > (job.etime - ctime_ms) / 2:
+            raise CommandError("TOOLATE", "Half of job TTL already elapsed, you are no longer "
+                                          "allowed to postpone the next delivery.")
+        if job.state == QUEUED:
+            self.dequeue(job)
+        if job.retry and job.qtime:
+            job.qtime = self.requeue_time(job, now)
+            self.schedule_job(job)
+        return job.retry
+
+    # ------------------------------------------------------------------ PAUSE
+    def pause(self, name: bytes, flags: int | None) -> bytes:
+        """Set (flags not None) and report a queue's pause state."""
+        q = self.queues.get(name)
+        if flags is not None:
+            if q is None and flags:
+                q = self.create_queue(name)
+            if q is not None:
+                old = q.paused
+                q.paused = flags
+                if old & PAUSE_OUT and not flags & PAUSE_OUT and q.waiters:
+                    self.serve_waiters(q)
+        return q.pause_name() if q is not None else b"none"
+
+    # ------------------------------------------------------------------ timers
+    def schedule_job(self, job: Job) -> None:
+        """(Re)arm the job's timer at its next action: requeue, GC retry or expiry."""
+        when = job.etime
+        if job.qtime and job.state in (ACTIVE, QUEUED) and job.qtime < when:
+            when = job.qtime
+        if job.awake != when:
+            self.wheel.schedule(job, when)
+
+    def next_due(self) -> int | None:
+        return self.wheel.next_due()
+
+    def tick(self, now: int | None = None) -> None:
+        """Run everything the wheel says is due."""
+        if now is None:
+            now = self.clock()
+        for entry in self.wheel.due(now):
+            if entry.__class__ is Job:
+                if entry.awake and entry.awake <= now:
+                    self.process_job(entry, now)
+            elif entry.awake and entry.awake <= now:
+                entry.awake = 0
+                entry.callback(now)
+
+    def process_job(self, job: Job, now: int) -> None:
+        """The per-job timer (original: processJob)."""
+        job.awake = 0
+        if now >= job.etime:
+            self.delete_job(job)
+            return
+        if job.qtime and now >= job.qtime:
+            if job.state == ACTIVE:
+                q = self.queues.get(job.queue)
+                if job.retry and q is not None and q.paused & PAUSE_IN:
+                    job.qtime = self.requeue_time(job, now)
+                else:
+                    requeued = job.flags & F_BCAST_QUEUED
+                    if self.enqueue(job) and requeued:
+                        job.deliveries += 1
+            elif job.state == QUEUED:
+                job.qtime = self.requeue_time(job, now) if job.retry else 0
+        if self.jobs.get(job.id) is job:
+            self.schedule_job(job)
+
+    def _queue_gc(self, now: int) -> None:
+        """Evict a sample of empty, idle, unpaused queues with no blocked clients."""
+        idle_ms = self.queue_idle_timeout * 1000
+        level = self.memory_level()
+        if level >= 2:
+            idle_ms = min(idle_ms, 2000)
+        elif level >= 1:
+            idle_ms = min(idle_ms, 10000)
+        queues = self.queues
+        n = queues.shard_count()
+        for _ in range(QUEUE_GC_SHARDS):
+            shard = queues.shard(self._queue_gc_cursor)
+            self._queue_gc_cursor = (self._queue_gc_cursor + 1) % n
+            if shard:
+                for q in [q for q in shard.values() if q.evictable()
+                          and now - q.atime >= idle_ms]:
+                    queues.pop(q.name)
+        self.wheel.schedule(self._queue_gc_timer, now + QUEUE_GC_PERIOD)
+
+    # ------------------------------------------------------------------ admin
+    def flushall(self) -> None:
+        """Delete every job and queue (DEBUG FLUSHALL, CLUSTER RESET); blocked clients get
+        a nil reply."""
+        for q in list(self.queues.values()):
+            for waiter in list(q.waiters):
+                self.unblock(waiter)
+                waiter.on_timeout()
+        for job in list(self.jobs.values()):
+            job.awake = 0
+            if job.state in (ACTIVE, QUEUED):
+                self.persist.deljob(job.id)
+        self.jobs.clear()
+        self.queues.clear()
+        self.mem_jobs = 0

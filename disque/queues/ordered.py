@@ -1,0 +1,135 @@
+"""OrderedJobs: the jobs of one queue sorted by ctime.
+
+The design calls for a skiplist (O(log n) insert and remove-by-job, O(1) pop of the oldest).
+In Python a skiplist node is an object per job (~100+ bytes); instead jobs live in a list of
+sorted chunks of at most 2 x LOAD pointers, with the max ctime of each chunk in `_maxes`:
+inserting is a bisect over the chunk maxima plus a bisect and insert within one chunk (a
+bounded memmove); removing a job finds it the same way; popping the oldest takes the head of
+the first chunk. The common case, a job newer than every queued one, is an append. Memory is
+one pointer per job.
+
+Jobs with equal ctime (possible only for jobs from different nodes) keep insertion order.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterator
+from operator import attrgetter
+from typing import Any
+
+LOAD = 512
+_ctime = attrgetter("ctime")
+
+
+class OrderedJobs:
+    __slots__ = ("_chunks", "_maxes", "_len")
+
+    def __init__(self) -> None:
+        self._chunks: list[list[Any]] = []
+        self._maxes: list[int] = []
+        self._len = 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __bool__(self) -> bool:
+        return self._len > 0
+
+    def add(self, job: Any) -> None:
+        ct = job.ctime
+        maxes = self._maxes
+        self._len += 1
+        if not maxes:
+            self._chunks.append([job])
+            maxes.append(ct)
+            return
+        if ct >= maxes[-1]:
+            i = len(maxes) - 1
+            chunk = self._chunks[i]
+            chunk.append(job)
+            maxes[i] = ct
+        else:
+            i = bisect_right(maxes, ct)
+            chunk = self._chunks[i]
+            chunk.insert(bisect_right(chunk, ct, key=_ctime), job)
+        if len(chunk) > 2 * LOAD:
+            self._chunks.insert(i + 1, chunk[LOAD:])
+            del chunk[LOAD:]
+            maxes.insert(i, chunk[-1].ctime)
+
+    def remove(self, job: Any) -> bool:
+        """Remove this exact job object; False if it is not here."""
+        ct = job.ctime
+        maxes = self._maxes
+        chunks = self._chunks
+        i = bisect_left(maxes, ct)
+        while i < len(chunks):
+            chunk = chunks[i]
+            j = bisect_left(chunk, ct, key=_ctime)
+            n = len(chunk)
+            while j < n and chunk[j].ctime == ct:
+                if chunk[j] is job:
+                    self._delete(i, j)
+                    return True
+                j += 1
+            if j < n:
+                return False
+            i += 1
+        return False
+
+    def _delete(self, i: int, j: int) -> None:
+        chunk = self._chunks[i]
+        del chunk[j]
+        self._len -= 1
+        if not chunk:
+            del self._chunks[i]
+            del self._maxes[i]
+        elif j == len(chunk):
+            self._maxes[i] = chunk[-1].ctime
+
+    def pop_first(self) -> Any:
+        """Remove and return the oldest job, or None when empty."""
+        if not self._len:
+            return None
+        chunk = self._chunks[0]
+        job = chunk.pop(0)
+        self._len -= 1
+        if not chunk:
+            del self._chunks[0]
+            del self._maxes[0]
+        return job
+
+    def first(self) -> Any:
+        return self._chunks[0][0] if self._len else None
+
+    def __iter__(self) -> Iterator[Any]:
+        """Oldest to newest (snapshot per chunk: safe against changes between chunks)."""
+        for chunk in list(self._chunks):
+            yield from list(chunk)
+
+    def newest(self, n: int) -> list[Any]:
+        """The n newest jobs, newest first."""
+        out: list[Any] = []
+        for chunk in reversed(self._chunks):
+            for job in reversed(chunk):
+                if len(out) >= n:
+                    return out
+                out.append(job)
+        return out
+
+    def oldest(self, n: int) -> list[Any]:
+        """The n oldest jobs, oldest first."""
+        out: list[Any] = []
+        for chunk in self._chunks:
+            if len(out) + len(chunk) <= n:
+                out.extend(chunk)
+            else:
+                out.extend(chunk[: n - len(out)])
+                break
+        return out
+
+    def clear(self) -> None:
+        self._chunks.clear()
+        self._maxes.clear()
+        self._len = 0

@@ -1,0 +1,46 @@
+"""The Queue object: ordered jobs, blocked GETJOB waiters, pause flags and counters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from disque.queues.ordered import OrderedJobs
+
+PAUSE_IN = 1
+PAUSE_OUT = 2
+PAUSE_NAMES = (b"none", b"in", b"out", b"all")
+
+
+class Queue:
+    __slots__ = ("name", "jobs", "ctime", "atime", "paused", "waiters", "jobs_in",
+                 "jobs_out", "needjobs_bcast_time", "needjobs_adhoc_time",
+                 "needjobs_bcast_attempt", "needjobs_adhoc_attempt", "needjobs_responders",
+                 "import_rate", "import_samples")
+
+    def __init__(self, name: bytes, now_ms: int) -> None:
+        self.name = name
+        self.jobs = OrderedJobs()
+        self.ctime = now_ms  # creation, for QSTAT age
+        self.atime = now_ms  # last enqueue / fetch, for QSTAT idle and eviction
+        self.paused = 0
+        # Blocked clients, in arrival order (a dict keeps order and removes in O(1)).
+        self.waiters: dict[Any, None] = {}
+        self.jobs_in = 0
+        self.jobs_out = 0
+        # Federation bookkeeping (NEEDJOBS / YOURJOBS), filled in by the cluster layer.
+        self.needjobs_bcast_time = 0
+        self.needjobs_adhoc_time = 0
+        self.needjobs_bcast_attempt = 0
+        self.needjobs_adhoc_attempt = 0
+        self.needjobs_responders: dict[bytes, int] = {}
+        self.import_rate = 0
+        self.import_samples: list[tuple[int, int]] = []
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    def pause_name(self) -> bytes:
+        return PAUSE_NAMES[self.paused]
+
+    def evictable(self) -> bool:
+        return not self.jobs and not self.waiters and not self.paused

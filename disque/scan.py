@@ -1,0 +1,80 @@
+"""ScanDict: a dict split into a fixed number of shards, so SCAN-style cursors work.
+
+QSCAN and JSCAN promise that every element present for the whole iteration is returned
+(duplicates allowed) while the set changes between calls. A plain dict cannot resume an
+iteration, so keys are spread over 2^bits shard dicts by hash, and the cursor is the index
+of the next shard to visit. The shard count never changes, so no element can move behind
+the cursor. Lookups cost one extra list index.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+
+class ScanDict:
+    __slots__ = ("_shards", "_mask", "_len")
+
+    def __init__(self, bits: int = 12) -> None:
+        self._shards: list[dict[Any, Any]] = [{} for _ in range(1 << bits)]
+        self._mask = (1 << bits) - 1
+        self._len = 0
+
+    def get(self, key: Any) -> Any:
+        return self._shards[hash(key) & self._mask].get(key)
+
+    def add(self, key: Any, value: Any) -> None:
+        shard = self._shards[hash(key) & self._mask]
+        if key not in shard:
+            self._len += 1
+        shard[key] = value
+
+    def pop(self, key: Any) -> Any:
+        value = self._shards[hash(key) & self._mask].pop(key, None)
+        if value is not None:
+            self._len -= 1
+        return value
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __contains__(self, key: Any) -> bool:
+        return key in self._shards[hash(key) & self._mask]
+
+    def values(self) -> Iterator[Any]:
+        for shard in self._shards:
+            yield from list(shard.values())
+
+    def clear(self) -> None:
+        for shard in self._shards:
+            shard.clear()
+        self._len = 0
+
+    def shard_count(self) -> int:
+        return self._mask + 1
+
+    def shard(self, index: int) -> dict[Any, Any]:
+        return self._shards[index & self._mask]
+
+    def scan(self, cursor: int, count: int, keep: Callable[[Any], bool],
+             busyloop: bool = False) -> tuple[int, list[Any]]:
+        """Visit shards from `cursor`; stop after `count` matches or 10 x count shards.
+
+        Returns (next cursor, values kept); next cursor 0 means the iteration is complete.
+        """
+        shards = self._shards
+        n = len(shards)
+        if cursor < 0 or cursor >= n:
+            return 0, []
+        found: list[Any] = []
+        visited = 0
+        while cursor < n:
+            for value in shards[cursor].values():
+                if keep(value):
+                    found.append(value)
+            cursor += 1
+            visited += 1
+            if not busyloop and (len(found) >= count or visited >= count * 10):
+                break
+        return (cursor if cursor < n else 0), found

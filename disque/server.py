@@ -1,0 +1,612 @@
+"""Server wiring: config -> event loop -> listeners -> node; startup, shutdown, signals.
+
+One uvloop event loop per process. `Client` is a flat `asyncio.Protocol`: bytes in, the
+request reader splits them into commands, `Server.execute` dispatches each one, and the
+replies produced by one read leave in one write. Timers: the node's timer wheel says when
+it next needs to run and the server arms a single loop timer for that instant; a cron at
+`hz` does the periodic housekeeping (idle clients, instantaneous stats).
+
+Everything below this module is sans-I/O: the node gets its clock from here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import resource
+import signal
+import socket
+import sys
+import time
+from collections import deque
+from typing import Any
+
+import structlog
+
+from disque import __version__
+from disque.commands import TABLE, Command, load_all, wrong_arity
+from disque.config import Config, ConfigError, load_config, on_set
+from disque.node import Node
+from disque.protocol.errors import (
+    LOADING_REPLY,
+    NOAUTH_REPLY,
+    OOM_REPLY,
+    CommandError,
+    ProtocolError,
+)
+from disque.protocol.reader import RequestReader
+from disque.protocol.reply import NULL3, NULL_ARRAY2, NULL_BULK2, OK
+
+log = structlog.get_logger("disque")
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Client(asyncio.Protocol):
+    """One client connection."""
+
+    __slots__ = ("server", "node", "id", "transport", "reader", "out", "proto", "null_bulk",
+                 "null_array", "authenticated", "name", "addr", "laddr", "ctime",
+                 "last_interaction", "waiter", "pending", "closing", "monitor", "last_cmd",
+                 "reply_mode", "lib_name", "lib_ver", "soft_limit_since", "qbuf")
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.node = server.node
+        self.id = 0
+        self.transport: Any = None
+        cfg = server.cfg
+        self.reader = RequestReader(cfg.proto_max_bulk_len, cfg.client_query_buffer_limit)
+        self.out: list[bytes] = []
+        self.proto = 2
+        self.null_bulk = NULL_BULK2
+        self.null_array = NULL_ARRAY2
+        self.authenticated = not cfg.requirepass
+        self.name = b""
+        self.addr = ""
+        self.laddr = ""
+        self.ctime = time.monotonic()
+        self.last_interaction = self.ctime
+        self.waiter: Any = None
+        self.pending: list[list[bytes]] = []
+        self.closing = False
+        self.monitor = False
+        self.last_cmd = b"NULL"
+        self.reply_mode = 0  # 0 on, 1 off, 2 skip next
+        self.lib_name = b""
+        self.lib_ver = b""
+        self.soft_limit_since = 0.0
+        self.qbuf = 0
+
+    # ------------------------------------------------------------------ asyncio callbacks
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        server = self.server
+        server.stat_connections += 1
+        peer = transport.get_extra_info("peername")
+        local = transport.get_extra_info("sockname")
+        self.addr = _fmt_addr(peer)
+        self.laddr = _fmt_addr(local)
+        if len(server.clients) >= server.cfg.maxclients:
+            server.stat_rejected += 1
+            transport.write(b"-ERR max number of clients reached\r\n")
+            transport.close()
+            self.closing = True
+            return
+        sock = transport.get_extra_info("socket")
+        if sock is not None and server.cfg.tcp_keepalive and sock.family != socket.AF_UNIX:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            except OSError:
+                pass
+        server.next_client_id += 1
+        self.id = server.next_client_id
+        server.clients[self.id] = self
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        server = self.server
+        server.clients.pop(self.id, None)
+        server.monitors.discard(self)
+        if self.waiter is not None:
+            self.node.unblock(self.waiter)
+            self.waiter = None
+
+    def pause_writing(self) -> None:
+        # The peer is not reading its replies: stop reading its requests (backpressure).
+        self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.waiter is None and not self.closing:
+            self.transport.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        server = self.server
+        server.stat_net_input += len(data)
+        self.last_interaction = server.now_mono
+        if self.closing:
+            return
+        reqs: list[list[bytes]] = []
+        perr = None
+        try:
+            self.reader.feed(data, reqs)
+        except ProtocolError as exc:
+            perr = exc
+        if reqs:
+            self.run(reqs)
+        if perr is not None and not self.closing:
+            server.log_client_error("protocol", str(perr))
+            self.out.append(b"-ERR Protocol error: " + str(perr).encode() + b"\r\n")
+            self.flush()
+            self.close()
+            return
+        if self.out:
+            self.flush()
+        if server.node.wheel._heap and server.node.wheel._heap[0] < server.wake_key:
+            server.arm_timer()
+
+    # ------------------------------------------------------------------ execution
+    def run(self, reqs: list[list[bytes]]) -> None:
+        execute = self.server.execute
+        for i, argv in enumerate(reqs):
+            execute(self, argv)
+            if self.waiter is not None:
+                self.pending = reqs[i + 1:]
+                self.transport.pause_reading()
+                return
+            if self.closing:
+                return
+
+    def block(self, waiter: Any) -> None:
+        self.waiter = waiter
+
+    def unblocked(self, reply: bytes) -> None:
+        """The node served, timed out or refused our blocked command."""
+        self.waiter = None
+        if self.closing:
+            return
+        self.out.append(reply)
+        pending = self.pending
+        if pending:
+            self.pending = []
+            self.run(pending)
+        self.flush()
+        if self.waiter is None and not self.closing:
+            self.transport.resume_reading()
+
+    def flush(self) -> None:
+        out = self.out
+        if not out:
+            return
+        data = out[0] if len(out) == 1 else b"".join(out)
+        out.clear()
+        if self.reply_mode:
+            return
+        server = self.server
+        server.stat_net_output += len(data)
+        transport = self.transport
+        transport.write(data)
+        hard = server.obuf_hard
+        if hard or server.obuf_soft:
+            self.check_output_limits(transport.get_write_buffer_size())
+
+    def check_output_limits(self, size: int) -> None:
+        server = self.server
+        if server.obuf_hard and size > server.obuf_hard:
+            self.drop("output buffer hard limit")
+            return
+        if server.obuf_soft and size > server.obuf_soft:
+            now = time.monotonic()
+            if not self.soft_limit_since:
+                self.soft_limit_since = now
+            elif now - self.soft_limit_since >= server.obuf_soft_seconds:
+                self.drop("output buffer soft limit")
+        else:
+            self.soft_limit_since = 0.0
+
+    def drop(self, reason: str) -> None:
+        self.server.log_client_error("output-limit", reason)
+        self.closing = True
+        self.transport.abort()
+
+    def close(self) -> None:
+        """Close after what is already written has been sent."""
+        self.closing = True
+        self.transport.close()
+
+    def set_proto(self, proto: int) -> None:
+        self.proto = proto
+        if proto == 3:
+            self.null_bulk = self.null_array = NULL3
+        else:
+            self.null_bulk, self.null_array = NULL_BULK2, NULL_ARRAY2
+
+
+def _fmt_addr(addr: Any) -> str:
+    if isinstance(addr, tuple) and len(addr) >= 2:
+        host = addr[0]
+        return f"[{host}]:{addr[1]}" if ":" in host else f"{host}:{addr[1]}"
+    return str(addr or "")
+
+
+class Server:
+    """Process-wide state: config, node, clients, statistics, timers."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.node_id = os.urandom(20).hex().encode()
+        self.node = Node(self.node_id, wall_ms, maxmemory=cfg.maxmemory,
+                         maxmemory_policy=cfg.maxmemory_policy,
+                         queue_idle_timeout=cfg.queue_idle_timeout)
+        self.node.my_port = cfg.port
+        self.node.my_ip = (cfg.cluster_announce_ip or next(
+            (a for a in cfg.bind if a not in ("0.0.0.0", "::", "*")), "")).encode()
+        self.run_id = os.urandom(20).hex()
+        self.table = load_all()
+        self.lookup: dict[bytes, Command] = {}
+        for name, cmd in self.table.items():
+            self.lookup[name] = cmd
+            self.lookup[name.upper()] = cmd
+        self.clients: dict[int, Client] = {}
+        self.next_client_id = 0
+        self.monitors: set[Client] = set()
+        self.listeners: list[Any] = []
+        self.start_time = time.time()
+        self.now_mono = time.monotonic()
+        self.loading = False
+        self.shutting_down = False
+        self.exit_code = 0
+        # stats
+        self.stat_connections = 0
+        self.stat_rejected = 0
+        self.stat_commands = 0
+        self.stat_net_input = 0
+        self.stat_net_output = 0
+        self.ops_samples: deque[tuple[float, int, int, int]] = deque(maxlen=16)
+        self.peak_memory = 0
+        self.slowlog: deque[list[Any]] = deque()
+        self.slowlog_id = 0
+        self.client_errors: dict[str, float] = {}
+        # timers
+        self.wake_key = 1 << 62  # wheel bucket key the loop timer is armed for
+        self.wake_handle: asyncio.TimerHandle | None = None
+        self.cron_handle: asyncio.TimerHandle | None = None
+        self.apply_limits()
+        self.install_config_hooks()
+
+    # ------------------------------------------------------------------ config hooks
+    def apply_limits(self) -> None:
+        hard, soft, seconds = self.cfg.client_output_buffer_limit
+        self.obuf_hard, self.obuf_soft, self.obuf_soft_seconds = hard, soft, seconds
+
+    def install_config_hooks(self) -> None:
+        cfg = self.cfg
+        node = self.node
+
+        def set_node(attr: str, cfg_attr: str) -> Any:
+            return lambda c, name: setattr(node, attr, getattr(c, cfg_attr))
+
+        on_set(cfg, "maxmemory", set_node("maxmemory", "maxmemory"))
+        on_set(cfg, "maxmemory-policy", set_node("maxmemory_policy", "maxmemory_policy"))
+        on_set(cfg, "queue-idle-timeout", set_node("queue_idle_timeout", "queue_idle_timeout"))
+        on_set(cfg, "client-output-buffer-limit", lambda c, name: self.apply_limits())
+
+        def set_reader_limits(c: Config, name: str) -> None:
+            for client in self.clients.values():
+                client.reader.max_bulk = c.proto_max_bulk_len
+                client.reader.max_query = c.client_query_buffer_limit
+
+        on_set(cfg, "proto-max-bulk-len", set_reader_limits)
+        on_set(cfg, "client-query-buffer-limit", set_reader_limits)
+        on_set(cfg, "loglevel", lambda c, name: configure_logging(c))
+
+    # ------------------------------------------------------------------ dispatch
+    def execute(self, c: Client, argv: list[bytes]) -> None:
+        """Run one command: QUIT, unknown, arity, auth, OOM, LOADING checks, then the
+        handler (checklist section 0 order)."""
+        name = argv[0]
+        cmd = self.lookup.get(name)
+        if cmd is None:
+            cmd = self.lookup.get(name.lower())
+            if cmd is None:
+                if name.lower() == b"quit":
+                    c.out.append(OK)
+                    c.flush()
+                    c.close()
+                    return
+                c.out.append(b"-ERR unknown command '" + name.replace(b"\r", b" ")
+                             .replace(b"\n", b" ") + b"'\r\n")
+                return
+        arity = cmd.arity
+        n = len(argv)
+        if (arity > 0 and n != arity) or n < -arity:
+            c.out.append(wrong_arity(cmd.name).resp())
+            return
+        if not c.authenticated and not cmd.noauth:
+            c.out.append(NOAUTH_REPLY)
+            return
+        if cmd.denyoom and not self.node.ensure_memory():
+            c.out.append(OOM_REPLY)
+            return
+        if self.loading and not cmd.loading:
+            c.out.append(LOADING_REPLY)
+            return
+        if self.monitors:
+            self.feed_monitors(c, argv)
+        c.last_cmd = cmd.name.encode()
+        t0 = time.perf_counter_ns()
+        try:
+            cmd.handler(c, argv)
+        except CommandError as exc:
+            c.out.append(exc.resp())
+        except Exception as exc:  # never let one command take the server down
+            log.exception("command.crash", command=cmd.name)
+            c.out.append(b"-ERR internal error while running '" + cmd.name.encode()
+                         + b"': " + type(exc).__name__.encode() + b"\r\n")
+        usec = (time.perf_counter_ns() - t0) // 1000
+        cmd.calls += 1
+        cmd.usec += usec
+        self.stat_commands += 1
+        if usec > self.cfg.slowlog_log_slower_than >= 0:
+            self.slowlog_add(argv, usec)
+        if c.reply_mode == 2:
+            c.out.clear()
+            c.reply_mode = 0
+
+    def feed_monitors(self, c: Client, argv: list[bytes]) -> None:
+        now = time.time()
+        line = b"+%d.%06d [%s] %s\r\n" % (int(now), int((now % 1) * 1e6), c.addr.encode(),
+                                          b" ".join(_repr_arg(a) for a in argv))
+        for m in list(self.monitors):
+            if m is not c and not m.closing:
+                m.transport.write(line)
+
+    def slowlog_add(self, argv: list[bytes], usec: int) -> None:
+        self.slowlog_id += 1
+        args = [a if len(a) <= 128 else a[:128] + b"... (%d more bytes)" % (len(a) - 128)
+                for a in argv[:32]]
+        if len(argv) > 32:
+            args[-1] = b"... (%d more arguments)" % (len(argv) - 31)
+        self.slowlog.appendleft([self.slowlog_id, int(time.time()), usec, args])
+        while len(self.slowlog) > max(0, self.cfg.slowlog_max_len):
+            self.slowlog.pop()
+
+    def log_client_error(self, kind: str, detail: str) -> None:
+        """At most one log line per client error class per 10 seconds."""
+        now = time.monotonic()
+        if now - self.client_errors.get(kind, -1e9) >= 10:
+            self.client_errors[kind] = now
+            log.warning("client.error", kind=kind, detail=detail)
+
+    # ------------------------------------------------------------------ timers
+    def arm_timer(self) -> None:
+        """Arm the loop timer for the node's next due time."""
+        heap = self.node.wheel._heap
+        if not heap:
+            return
+        key = heap[0]
+        if key >= self.wake_key and self.wake_handle is not None:
+            return
+        if self.wake_handle is not None:
+            self.wake_handle.cancel()
+        self.wake_key = key
+        from disque.timers import RES
+        delay = max(0.0, (key * RES - wall_ms()) / 1000)
+        assert self.loop is not None
+        self.wake_handle = self.loop.call_later(delay, self.on_timer)
+
+    def on_timer(self) -> None:
+        self.wake_handle = None
+        self.wake_key = 1 << 62
+        try:
+            self.node.tick(wall_ms())
+        except Exception:
+            log.exception("timer.crash")
+        self.arm_timer()
+
+    def cron(self) -> None:
+        """Periodic housekeeping at `hz`."""
+        now = time.monotonic()
+        self.now_mono = now
+        cfg = self.cfg
+        self.ops_samples.append((now, self.stat_commands, self.stat_net_input,
+                                 self.stat_net_output))
+        used = self.node.used_memory()
+        if used > self.peak_memory:
+            self.peak_memory = used
+        if cfg.timeout:
+            for c in list(self.clients.values()):
+                if (c.waiter is None and not c.monitor
+                        and now - c.last_interaction > cfg.timeout):
+                    c.close()
+        if self.obuf_soft:
+            for c in list(self.clients.values()):
+                if c.transport is not None and not c.closing:
+                    c.check_output_limits(c.transport.get_write_buffer_size())
+        self.arm_timer()
+        hz = min(max(cfg.hz, 1), 500)
+        assert self.loop is not None
+        self.cron_handle = self.loop.call_later(1 / hz, self.cron)
+
+    def instantaneous(self) -> tuple[int, float, float]:
+        """ops/sec and input/output kbps over the recent cron samples."""
+        if len(self.ops_samples) < 2:
+            return 0, 0.0, 0.0
+        t0, c0, i0, o0 = self.ops_samples[0]
+        t1, c1, i1, o1 = self.ops_samples[-1]
+        dt = max(t1 - t0, 1e-6)
+        return int((c1 - c0) / dt), (i1 - i0) / dt / 1024, (o1 - o0) / dt / 1024
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        cfg = self.cfg
+        if cfg.port:
+            for addr in cfg.bind:
+                srv = await self.loop.create_server(lambda: Client(self), addr, cfg.port,
+                                                    backlog=cfg.tcp_backlog, reuse_address=True)
+                self.listeners.append(srv)
+        if cfg.unixsocket:
+            try:
+                os.unlink(cfg.unixsocket)
+            except FileNotFoundError:
+                pass
+            srv = await self.loop.create_unix_server(lambda: Client(self), cfg.unixsocket,
+                                                     backlog=cfg.tcp_backlog)
+            if cfg.unixsocketperm:
+                os.chmod(cfg.unixsocket, cfg.unixsocketperm)
+            self.listeners.append(srv)
+        self.cron()
+
+    def shutdown(self, code: int = 0) -> None:
+        """Stop serving and exit the loop (SHUTDOWN, SIGTERM, SIGINT)."""
+        if self.shutting_down:
+            return
+        self.shutting_down = True
+        self.exit_code = code
+        log.info("server.shutdown", reason="requested", pid=os.getpid())
+        for srv in self.listeners:
+            srv.close()
+        for c in list(self.clients.values()):
+            c.closing = True
+            if c.transport is not None:
+                c.transport.abort()
+        if self.cfg.pidfile:
+            try:
+                os.unlink(self.cfg.pidfile)
+            except OSError:
+                pass
+        assert self.loop is not None
+        self.loop.call_soon(self.loop.stop)
+
+    def cluster_reset(self, hard: bool) -> None:
+        """CLUSTER RESET: forget other nodes, delete all jobs and queues; HARD also takes a
+        new node ID."""
+        self.node.flushall()
+        if hard:
+            self.node_id = os.urandom(20).hex().encode()
+            self.node.set_myself(self.node_id)
+
+    def rusage(self) -> tuple[resource.struct_rusage, resource.struct_rusage]:
+        return (resource.getrusage(resource.RUSAGE_SELF),
+                resource.getrusage(resource.RUSAGE_CHILDREN))
+
+
+def _repr_arg(a: bytes) -> bytes:
+    """Quote an argument as Redis's MONITOR does (sdscatrepr)."""
+    out = bytearray(b'"')
+    for ch in a:
+        if ch in (34, 92):
+            out += b"\\" + bytes([ch])
+        elif ch == 10:
+            out += b"\\n"
+        elif ch == 13:
+            out += b"\\r"
+        elif ch == 9:
+            out += b"\\t"
+        elif 32 <= ch < 127:
+            out.append(ch)
+        else:
+            out += b"\\x%02x" % ch
+    out += b'"'
+    return bytes(out)
+
+
+_LEVELS = {"debug": logging.DEBUG, "verbose": logging.INFO, "notice": logging.INFO,
+           "warning": logging.WARNING}
+
+
+def configure_logging(cfg: Config) -> None:
+    """structlog with key-value events: console by default, JSON with log-format json."""
+    level = _LEVELS.get(cfg.loglevel, logging.INFO)
+    stream: Any = sys.stdout
+    if cfg.logfile:
+        stream = open(cfg.logfile, "a", buffering=1)  # noqa: SIM115 - lives with the process
+    renderer: Any = (structlog.processors.JSONRenderer() if cfg.log_format == "json"
+                     else structlog.dev.ConsoleRenderer(colors=False))
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(stream),
+        cache_logger_on_first_use=False,
+    )
+
+
+USAGE = """Usage: disque-server [/path/to/disque.conf] [options]
+       disque-server - (read config from stdin)
+       disque-server --version
+       disque-server --help
+
+Any directive of the config file can be given as an option, overriding the file:
+       disque-server conf/disque.conf --port 7712 --dir /tmp/n2 --loglevel verbose
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point: `disque-server [CONFIG_FILE] [--directive value ...]`."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("-v", "--version"):
+        print(f"disque-py server v={__version__} python={sys.version.split()[0]}")
+        return 0
+    if argv and argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0
+    try:
+        cfg = load_config(argv)
+    except ConfigError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    try:
+        os.makedirs(cfg.dir, exist_ok=True)
+        os.chdir(cfg.dir)
+    except OSError as exc:
+        print(f"Can't chdir to '{cfg.dir}': {exc.strerror}", file=sys.stderr)
+        return 1
+    try:
+        configure_logging(cfg)
+    except OSError as exc:
+        print(f"Can't open the log file: {exc}", file=sys.stderr)
+        return 1
+    try:
+        import uvloop
+        uvloop.install() if sys.version_info < (3, 12) else None
+        loop = uvloop.new_event_loop()
+    except ImportError:  # pragma: no cover - uvloop is a hard dependency
+        loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    server = Server(cfg)
+    try:
+        loop.run_until_complete(server.start())
+    except OSError as exc:
+        log.error("server.listen_failed", port=cfg.port, error=str(exc))
+        return 1
+    if cfg.pidfile:
+        try:
+            with open(cfg.pidfile, "w") as f:
+                f.write(f"{os.getpid()}\n")
+        except OSError as exc:
+            log.warning("server.pidfile_failed", path=cfg.pidfile, error=str(exc))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, server.shutdown)
+    log.info("server.start", version=__version__, port=cfg.port, bind=" ".join(cfg.bind),
+             pid=os.getpid(), config_file=cfg.config_file or "", node_id=server.node_id.decode(),
+             dir=os.getcwd())
+    try:
+        loop.run_forever()
+    finally:
+        loop.run_until_complete(asyncio.sleep(0))
+        loop.close()
+    log.info("server.exit", code=server.exit_code)
+    return server.exit_code
+
+
+__all__ = ["Client", "Server", "main", "TABLE"]

@@ -1,0 +1,39 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.harness import DisqueProcess
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[DisqueProcess]:
+    """A fresh single node on a free port, in its own directory, killed after the test."""
+    proc = DisqueProcess(tmp_path / "node").start()
+    try:
+        yield proc
+    finally:
+        proc.kill()
+
+
+@pytest.fixture
+def make_server(tmp_path: Path) -> Iterator:
+    """Factory for nodes with extra flags or a config file: make_server(args=[...])."""
+    started: list[DisqueProcess] = []
+
+    def factory(args: list[str] | None = None, config_text: str | None = None,
+                start: bool = True, name: str | None = None) -> DisqueProcess:
+        proc = DisqueProcess(tmp_path / (name or f"node{len(started)}"), args=args,
+                             config_text=config_text)
+        started.append(proc)
+        if start:
+            proc.start()
+        return proc
+
+    try:
+        yield factory
+    finally:
+        for p in started:
+            p.kill()

@@ -1,0 +1,159 @@
+"""Start real disque-server processes on free loopback ports for the tests.
+
+Nothing here mocks the server: every `DisqueProcess` is `python -m disque` in its own
+directory, driven over real sockets. Conditions are polled with generous deadlines; no test
+sleeps a fixed amount to "let things settle".
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import redis
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    """A port p free on loopback such that p + 10000 (the cluster bus) is free too."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port + 10000 > 65535:
+            continue
+        try:
+            with socket.socket() as s2:
+                s2.bind(("127.0.0.1", port + 10000))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free port pair found")
+
+
+def wait_for(cond: Callable[[], Any], timeout: float = 20.0, interval: float = 0.02,
+             what: str = "condition") -> Any:
+    """Poll `cond` until it returns a truthy value; fail the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    last_exc: BaseException | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = cond()
+            if value:
+                return value
+        except Exception as exc:  # noqa: BLE001 - keep polling through transient errors
+            last_exc = exc
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last error: {last_exc!r}")
+
+
+class DisqueProcess:
+    """One real server process. `args` are extra `--directive value` flags."""
+
+    def __init__(self, workdir: Path, port: int | None = None, args: list[str] | None = None,
+                 config_text: str | None = None) -> None:
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = port or free_port()
+        self.args = list(args or [])
+        self.config_text = config_text
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = self.workdir / "stdout.log"
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "disque"]
+        if self.config_text is not None:
+            conf = self.workdir / "disque.conf"
+            conf.write_text(self.config_text)
+            cmd.append(str(conf))
+        cmd += ["--port", str(self.port), "--dir", str(self.workdir)]
+        return cmd + self.args
+
+    def start(self, wait: bool = True) -> DisqueProcess:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+                                     cwd=str(REPO), env=env)
+        log.close()
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        def ready() -> bool:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
+                    s.sendall(b"*1\r\n$4\r\nPING\r\n")
+                    return s.recv(64).startswith(b"+PONG")
+            except OSError:
+                return False
+        wait_for(ready, timeout=timeout, what=f"disque-server on port {self.port}")
+
+    def output(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.alive():
+            assert self.proc is not None
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+    def stop(self) -> int | None:
+        """SIGTERM and wait: the clean shutdown path."""
+        self.kill(signal.SIGTERM)
+        return self.proc.returncode if self.proc else None
+
+    # -- clients ---------------------------------------------------------------------------
+    def client(self, **kw: Any) -> redis.Redis:
+        """redis-py with its defaults (RESP3 via HELLO 3 in redis-py 8) unless overridden."""
+        kw.setdefault("socket_timeout", 30)
+        return redis.Redis(host="127.0.0.1", port=self.port, **kw)
+
+    def cli(self, *args: str, timeout: float = 30.0, raw: bool = False) -> str:
+        """Run Debian's redis-cli against the server and return its stdout."""
+        exe = shutil.which("redis-cli")
+        if exe is None:
+            raise RuntimeError("redis-cli missing: `make test` installs Debian's redis-tools")
+        cmd = [exe, "-h", "127.0.0.1", "-p", str(self.port)]
+        if raw:
+            cmd.append("--raw")
+        out = subprocess.run(cmd + list(args), capture_output=True, timeout=timeout, check=True)
+        return out.stdout.decode(errors="replace")
+
+    def raw(self, payload: bytes, timeout: float = 5.0, expect_close: bool = False) -> bytes:
+        """Send raw bytes on a fresh socket and return everything read until a pause or close."""
+        with socket.create_connection(("127.0.0.1", self.port), timeout=timeout) as s:
+            s.sendall(payload)
+            chunks = []
+            s.settimeout(0.5 if not expect_close else timeout)
+            try:
+                while True:
+                    data = s.recv(65536)
+                    if not data:
+                        break
+                    chunks.append(data)
+            except (TimeoutError, ConnectionResetError):
+                pass
+            return b"".join(chunks)
