@@ -53,6 +53,10 @@ QUEUE_MEMORY = 900
 BASE_MEMORY = 1024 * 1024
 
 
+def _no_callback(now: int) -> None:
+    pass
+
+
 class Waiter:
     """A client blocked in GETJOB. The command layer subclasses it to write the replies."""
 
@@ -93,6 +97,7 @@ class Node:
         self.myself = myself  # 40 hex chars, as bytes
         self.clock = clock
         self.rng = rng or random.Random()
+        self._random = self.rng.random
         self.ids = IdGenerator(myself, randbytes) if randbytes else IdGenerator(myself)
         self.jobs = ScanDict(12)
         self.queues = ScanDict(8)
@@ -285,7 +290,8 @@ class Node:
         return job
 
     def requeue_time(self, job: Job, now: int) -> int:
-        return now + job.retry * 1000 + self.rng.randrange(-REQUEUE_JITTER, REQUEUE_JITTER)
+        # uniform in [-250, +250) ms; random() is several times cheaper than randrange()
+        return now + job.retry * 1000 + int(self._random() * 2 * REQUEUE_JITTER) - REQUEUE_JITTER
 
     # ------------------------------------------------------------------ ADDJOB
     def add_job(self, queue: bytes, body: bytes, timeout_ms: int, *, replicate: int | None,
@@ -365,6 +371,7 @@ class Node:
             self.blocked -= 1
         if waiter.timer is not None:
             waiter.timer.cancel()
+            waiter.timer.callback = _no_callback  # the closure holds the waiter: no cycle
             waiter.timer = None
 
     def _waiter_timeout(self, waiter: Waiter) -> None:

@@ -402,7 +402,7 @@ def pause_clients(server: Any, ms: int) -> None:
 
     def resume() -> None:
         for x in paused:
-            if not x.closing and x.waiter is None:
+            if not x.closing and x.transport is not None:
                 x.transport.resume_reading()
 
     server.loop.call_later(ms / 1000, resume)
