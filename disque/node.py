@@ -78,16 +78,6 @@ class Waiter:
         raise NotImplementedError
 
 
-class NullPersistence:
-    """Where AOF records go when persistence is off (the AOF issue plugs in here)."""
-
-    def loadjob(self, job: Job) -> None:
-        pass
-
-    def deljob(self, job_id: bytes) -> None:
-        pass
-
-
 class Node:
     def __init__(self, myself: bytes, clock: Callable[[], int], *,
                  rng: random.Random | None = None,
@@ -102,15 +92,22 @@ class Node:
         self.jobs = ScanDict(12)
         self.queues = ScanDict(8)
         self.wheel = TimerWheel()
-        self.persist: Any = NullPersistence()
+        self.persist: Any = None  # the AOF, when persistence is on
         self.last_ctime = 0
         self.leaving = False
         self.my_ip = b""  # the address clients and peers reach us at (HELLO)
         self.my_port = 0
-        self.maxmemory = maxmemory
         self.maxmemory_policy = maxmemory_policy
         self.queue_idle_timeout = queue_idle_timeout
-        self.mem_jobs = 0
+        self.mem_used = BASE_MEMORY  # running estimate, see used_memory()
+        self.mem_evict_at = 0  # 95% of maxmemory: above it, commands that add memory check
+        self.maxmemory = maxmemory
+        # The registry's shards, held directly: register/lookup are on the hot path.
+        self._jshards = self.jobs._shards
+        self._jmask = self.jobs._mask
+        self._qshards = self.queues._shards
+        self._qmask = self.queues._mask
+        self.default_repl = 1
         self.blocked = 0  # clients blocked in GETJOB
         self._self_only = (myself,)
         self._queue_gc_cursor = 0
@@ -155,8 +152,18 @@ class Node:
         """PAUSE ... bcast: with no other node there is no one to tell."""
 
     # ------------------------------------------------------------------ memory
+    @property
+    def maxmemory(self) -> int:
+        return self._maxmemory
+
+    @maxmemory.setter
+    def maxmemory(self, value: int) -> None:
+        self._maxmemory = value
+        self.mem_evict_at = value * 95 // 100 if value else 1 << 62
+
     def used_memory(self) -> int:
-        return BASE_MEMORY + self.mem_jobs + len(self.queues) * QUEUE_MEMORY
+        """Estimated bytes held: a fixed base, each job (JOB_MEMORY + body) and queue."""
+        return self.mem_used
 
     def memory_level(self) -> int:
         """0 normal; 1 above 75% of maxmemory; 2 above 95%; 3 above 100%."""
@@ -174,9 +181,7 @@ class Node:
     def ensure_memory(self) -> bool:
         """Before a command that adds memory: evict what is safe at >= 95%, then say whether
         the command may run (False = answer -OOM)."""
-        if not self.maxmemory:
-            return True
-        if self.used_memory() * 100 <= self.maxmemory * 95:
+        if self.mem_used <= self.mem_evict_at:
             return True
         if self.maxmemory_policy == "acks":
             self.evict(self.maxmemory * 95 // 100)
@@ -206,50 +211,51 @@ class Node:
             if self.used_memory() <= target:
                 break
             if q.evictable():
-                self.queues.pop(q.name)
+                self.drop_queue(q)
         return freed
 
     # ------------------------------------------------------------------ registry
     def lookup_job(self, job_id: bytes) -> Job | None:
-        return self.jobs.get(job_id)
+        return self._jshards[hash(job_id) & self._jmask].get(job_id)
 
     def register(self, job: Job) -> None:
-        self.jobs.add(job.id, job)
-        self.mem_jobs += JOB_MEMORY + len(job.body or b"")
+        """Add a job that is not registered yet (callers look it up first)."""
+        self._jshards[hash(job.id) & self._jmask][job.id] = job
+        self.jobs._len += 1
+        self.mem_used += JOB_MEMORY + len(job.body or b"")
 
     def unregister(self, job: Job) -> None:
         """Delete the job from memory and, if queued, from its queue (spec: UNREGISTER)."""
         if job.state == QUEUED:
             self.dequeue(job)
         if self.jobs.pop(job.id) is not None:
-            self.mem_jobs -= JOB_MEMORY + len(job.body or b"")
+            self.mem_used -= JOB_MEMORY + len(job.body or b"")
         job.awake = 0
 
     def delete_job(self, job: Job) -> None:
         """Unregister, logging the deletion when the AOF holds the job."""
-        if job.state in (ACTIVE, QUEUED):
+        if job.state in (ACTIVE, QUEUED) and self.persist is not None:
             self.persist.deljob(job.id)
         self.unregister(job)
 
-    def new_ctime(self) -> int:
-        ctime = self.clock() * 1_000_000
-        if ctime <= self.last_ctime:
-            ctime = self.last_ctime + 1
-        self.last_ctime = ctime
-        return ctime
-
     # ------------------------------------------------------------------ queues
     def lookup_queue(self, name: bytes) -> Queue | None:
-        return self.queues.get(name)
+        return self._qshards[hash(name) & self._qmask].get(name)
 
-    def create_queue(self, name: bytes) -> Queue:
-        q = self.queues.get(name)
+    def create_queue(self, name: bytes, now: int = 0) -> Queue:
+        shard = self._qshards[hash(name) & self._qmask]
+        q = shard.get(name)
         if q is None:
-            q = Queue(name, self.clock())
-            self.queues.add(name, q)
+            q = shard[name] = Queue(name, now or self.clock())
+            self.queues._len += 1
+            self.mem_used += QUEUE_MEMORY
         return q
 
-    def enqueue(self, job: Job) -> bool:
+    def drop_queue(self, q: Queue) -> None:
+        if self.queues.pop(q.name) is not None:
+            self.mem_used -= QUEUE_MEMORY
+
+    def enqueue(self, job: Job, now: int = 0) -> bool:
         """Put an active job into its queue (spec: ENQUEUE; original: queueJob).
 
         Refused for jobs already queued, not active, or that must never be queued again
@@ -257,8 +263,10 @@ class Node:
         """
         if job.state != ACTIVE or job.qtime == 0:
             return False
-        now = self.clock()
-        q = self.create_queue(job.queue)
+        if not now:
+            now = self.clock()
+        q = self._qshards[hash(job.queue) & self._qmask].get(job.queue) \
+            or self.create_queue(job.queue, now)
         job.state = QUEUED
         job.flags |= F_BCAST_QUEUED
         q.jobs.add(job)
@@ -274,19 +282,19 @@ class Node:
         """Take a queued job out of its queue; it stays active (spec: DEQUEUE)."""
         if job.state != QUEUED:
             return False
-        q = self.queues.get(job.queue)
+        q = self.lookup_queue(job.queue)
         if q is not None:
             q.jobs.remove(job)
         job.state = ACTIVE
         return True
 
-    def fetch(self, q: Queue) -> Job:
+    def fetch(self, q: Queue, now: int) -> Job:
         """Pop the oldest job of a queue for a consumer."""
         job = q.jobs.pop_first()
         job.state = ACTIVE
         job.flags |= F_DELIVERED
         q.jobs_out += 1
-        q.atime = self.clock()
+        q.atime = now
         return job
 
     def requeue_time(self, job: Job, now: int) -> int:
@@ -294,33 +302,39 @@ class Node:
         return now + job.retry * 1000 + int(self._random() * 2 * REQUEUE_JITTER) - REQUEUE_JITTER
 
     # ------------------------------------------------------------------ ADDJOB
-    def add_job(self, queue: bytes, body: bytes, timeout_ms: int, *, replicate: int | None,
+    def add_job(self, queue: bytes, body: bytes, timeout_ms: int, replicate: int | None,
                 ttl: int | None, retry: int | None, delay: int, maxlen: int | None,
                 async_: bool) -> Job:
         """ADDJOB after option parsing: checks 3..7 of the checklist, in order."""
-        repl = replicate if replicate is not None else self.default_replicate()
-        ttl = ttl if ttl is not None else DEFAULT_TTL
+        repl = self.default_repl if replicate is None else replicate
+        if ttl is None:
+            ttl = DEFAULT_TTL
         if retry is None:
-            retry = max(1, min(ttl // 10, RETRY_CAP))
+            retry = RETRY_CAP if ttl >= 10 * RETRY_CAP else max(1, ttl // 10)
         elif retry == 0 and repl > 1:
             raise err("With RETRY set to 0 please explicitly set  REPLICATE to 1 "
                       "(at-most-once delivery)")
         if delay >= ttl:
             raise err("The specified DELAY is greater than TTL. Job refused since would "
                       "never be delivered")
-        if repl - 1 > len(self.reachable_others()):
+        if repl > 1 and repl - 1 > len(self.reachable_others()):
             raise CommandError("NOREPL", "Not enough reachable nodes for the requested "
                                          "replication level")
-        q = self.queues.get(queue)
-        if maxlen is not None and q is not None and len(q.jobs) >= maxlen:
-            raise CommandError("MAXLEN", "Queue is already longer than the specified MAXLEN "
-                                         "count")
-        if q is not None and q.paused & PAUSE_IN:
-            raise CommandError("PAUSED", "Queue paused in input, try later")
+        q = self._qshards[hash(queue) & self._qmask].get(queue)
+        if q is not None:
+            if maxlen is not None and len(q.jobs) >= maxlen:
+                raise CommandError("MAXLEN", "Queue is already longer than the specified "
+                                             "MAXLEN count")
+            if q.paused & PAUSE_IN:
+                raise CommandError("PAUSED", "Queue paused in input, try later")
+            queue = q.name  # one shared bytes object for all the queue's jobs
         now = self.clock()
-        job = Job(self.ids.new_id(ttl, retry), q.name if q is not None else queue, body,
-                  repl=repl, ctime=self.new_ctime(), etime=now + ttl * 1000, delay=delay,
-                  retry=retry, delivered=self._self_only)
+        ctime = now * 1_000_000  # strictly increasing per node (checklist section 3)
+        if ctime <= self.last_ctime:
+            ctime = self.last_ctime + 1
+        self.last_ctime = ctime
+        job = Job(self.ids.new_id(ttl, retry), queue, body, repl, ctime, now + ttl * 1000,
+                  delay, retry, self._self_only)
         self.register(job)
         job.state = ACTIVE
         if delay:
@@ -328,8 +342,9 @@ class Node:
             self.schedule_job(job)
         else:
             job.qtime = now  # due: the first queueing below
-            self.enqueue(job)
-        self.persist.loadjob(job)
+            self.enqueue(job, now)
+        if self.persist is not None:
+            self.persist.loadjob(job)
         return job
 
     # ------------------------------------------------------------------ GETJOB
@@ -337,12 +352,17 @@ class Node:
         """Passes over the queues left to right, one job per queue per pass, until `count`
         jobs or a pass that yields nothing. Queues paused in output are skipped."""
         jobs: list[Job] = []
-        queues = [self.queues.get(n) for n in names]
+        shards = self._qshards
+        mask = self._qmask
+        queues = [shards[hash(n) & mask].get(n) for n in names]
+        now = 0
         while True:
             got = False
             for q in queues:
                 if q is not None and q.jobs and not q.paused & PAUSE_OUT:
-                    jobs.append(self.fetch(q))
+                    if not now:
+                        now = self.clock()
+                    jobs.append(self.fetch(q, now))
                     got = True
                     if len(jobs) >= count:
                         return jobs
@@ -384,7 +404,7 @@ class Node:
         while q.jobs and waiters and not q.paused & PAUSE_OUT:
             waiter = next(iter(waiters))
             self.unblock(waiter)
-            waiter.on_jobs([self.fetch(q)])
+            waiter.on_jobs([self.fetch(q, self.clock())])
 
     def set_leaving(self, leaving: bool) -> None:
         self.leaving = leaving
@@ -401,7 +421,7 @@ class Node:
             return
         if job.state == QUEUED:
             self.dequeue(job)
-        if job.state in (ACTIVE, QUEUED):
+        if job.state in (ACTIVE, QUEUED) and self.persist is not None:
             self.persist.deljob(job.id)
         job.state = ACKED
         job.qtime = 0
@@ -434,9 +454,7 @@ class Node:
 
     def _dummy_ack(self, job_id: bytes) -> None:
         now = self.clock()
-        job = Job(job_id, None, None, repl=0, ctime=0,
-                  etime=now + id_ttl_minutes(job_id) * 60_000, delay=0, retry=0,
-                  delivered=())
+        job = Job(job_id, None, None, 0, 0, now + id_ttl_minutes(job_id) * 60_000, 0, 0, ())
         job.state = ACKED
         job.flags |= F_DUMMY
         job.confirmed = self._self_only
@@ -577,7 +595,7 @@ class Node:
             if shard:
                 for q in [q for q in shard.values() if q.evictable()
                           and now - q.atime >= idle_ms]:
-                    queues.pop(q.name)
+                    self.drop_queue(q)
         self.wheel.schedule(self._queue_gc_timer, now + QUEUE_GC_PERIOD)
 
     # ------------------------------------------------------------------ admin
@@ -590,8 +608,8 @@ class Node:
                 waiter.on_timeout()
         for job in list(self.jobs.values()):
             job.awake = 0
-            if job.state in (ACTIVE, QUEUED):
+            if job.state in (ACTIVE, QUEUED) and self.persist is not None:
                 self.persist.deljob(job.id)
         self.jobs.clear()
         self.queues.clear()
-        self.mem_jobs = 0
+        self.mem_used = BASE_MEMORY

@@ -353,7 +353,8 @@ class Server:
         if not c.authenticated and not cmd.noauth:
             c.out.append(NOAUTH_REPLY)
             return
-        if cmd.denyoom and not self.node.ensure_memory():
+        node = self.node
+        if cmd.denyoom and node.mem_used > node.mem_evict_at and not node.ensure_memory():
             c.out.append(OOM_REPLY)
             return
         if self.loading and not cmd.loading:

@@ -85,10 +85,10 @@ def cmd_addjob(c: Any, argv: list[bytes]) -> None:
         else:
             raise syntax()
         i += 2
-    timeout = timeout_arg(argv[3])
-    job = c.node.add_job(argv[1], argv[2], timeout, replicate=replicate, ttl=ttl, retry=retry,
-                         delay=delay, maxlen=maxlen, async_=async_)
-    c.out.append(b"+" + job.id + b"\r\n")
+    timeout = 0 if argv[3] == b"0" else timeout_arg(argv[3])
+    job = c.node.add_job(argv[1], argv[2], timeout, replicate, ttl, retry, delay, maxlen,
+                         async_)
+    c.out.append(b"+%b\r\n" % job.id)
 
 
 # ---------------------------------------------------------------------------- GETJOB

@@ -67,8 +67,8 @@ class IdGenerator:
             self._pool = base64.b64encode(self._randbytes(18 * _POOL_IDS))
             pos = 0
         self._pos = pos + 24
-        field = ttl_field(ttl_seconds, retry)
-        suffix = self._suffixes.get(field)
+        key = ttl_seconds * 2 + (retry > 0)
+        suffix = self._suffixes.get(key)
         if suffix is None:
-            suffix = self._suffixes[field] = b"-%04x" % field
+            suffix = self._suffixes[key] = b"-%04x" % ttl_field(ttl_seconds, retry)
         return self.prefix + self._pool[pos:pos + 24] + suffix

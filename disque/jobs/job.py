@@ -23,8 +23,8 @@ class Job:
                  "retry", "nacks", "deliveries", "delivered", "confirmed", "qtime", "awake",
                  "gc_retry")
 
-    def __init__(self, job_id: bytes, queue: bytes | None, body: bytes | None, *,
-                 repl: int, ctime: int, etime: int, delay: int, retry: int,
+    def __init__(self, job_id: bytes, queue: bytes | None, body: bytes | None, repl: int,
+                 ctime: int, etime: int, delay: int, retry: int,
                  delivered: tuple[bytes, ...]) -> None:
         self.id = job_id
         self.queue = queue

@@ -176,6 +176,15 @@ def _ishex(c: int) -> bool:
     return c in b"0123456789abcdefABCDEF"
 
 
+def _bad_element(a: object) -> str:
+    """Redis's text for a request element hiredis parsed as something other than a bulk."""
+    if a is None:
+        return "invalid bulk length"
+    kind = ":" if isinstance(a, int) else "*" if isinstance(a, list) else \
+        "-" if isinstance(a, Exception) else "+"
+    return f"expected '$', got '{kind}'"
+
+
 class RequestReader:
     """Turns the bytes of one connection into complete requests (lists of bytes)."""
 
@@ -219,8 +228,7 @@ class RequestReader:
                     raise ProtocolError("expected '*', got '%s'" % chr(data[0]))
                 for a in req:
                     if a.__class__ is not bytes:
-                        raise ProtocolError("invalid bulk length" if a is None
-                                            else "expected '$', got something else")
+                        raise ProtocolError(_bad_element(a))
                 reqs.append(req)
         except hiredis.ProtocolError:
             self._reader = hiredis.Reader()
