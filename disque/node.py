@@ -406,9 +406,10 @@ class Node:
             self.unblock(waiter)
             waiter.on_jobs([self.fetch(q, self.clock())])
 
-    def set_leaving(self, leaving: bool) -> None:
-        self.leaving = leaving
-        if leaving:
+    def set_leaving(self, flag: bool) -> None:
+        """CLUSTER LEAVING yes|no; blocked GETJOB clients are told to go elsewhere."""
+        self.leaving = flag
+        if flag:
             for q in list(self.queues.values()):
                 for waiter in list(q.waiters):
                     self.unblock(waiter)

@@ -587,6 +587,20 @@ def configure_logging(cfg: Config) -> None:
     )
 
 
+def daemonize() -> None:
+    """Detach as a classic daemon: fork, new session, fork again, stdio to /dev/null."""
+    if os.fork():
+        os._exit(0)
+    os.setsid()
+    if os.fork():
+        os._exit(0)
+    fd = os.open(os.devnull, os.O_RDWR)
+    for std in (0, 1, 2):
+        os.dup2(fd, std)
+    if fd > 2:
+        os.close(fd)
+
+
 USAGE = """Usage: disque-server [/path/to/disque.conf] [options]
        disque-server - (read config from stdin)
        disque-server --version
@@ -617,6 +631,8 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"Can't chdir to '{cfg.dir}': {exc.strerror}", file=sys.stderr)
         return 1
+    if cfg.daemonize:
+        daemonize()
     try:
         configure_logging(cfg)
     except OSError as exc:

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from disque import __version__
-from disque.commands import TABLE, command, int_arg, parse_int, wrong_arity
+from disque.commands import TABLE, command, int_arg, parse_int, timeout_arg, wrong_arity
 from disque.config import ConfigSetError, config_get, config_rewrite, config_set
 from disque.protocol.errors import CommandError, err, syntax
 from disque.protocol.reply import OK, PONG, Map, Status, bulk, encode, integer
@@ -338,10 +338,7 @@ def cmd_client(c: Any, argv: list[bytes]) -> None:
     elif sub == b"kill" and n > 3 and n % 2 == 0:
         client_kill_filters(c, argv)
     elif sub == b"pause" and n == 3:
-        ms = int_arg(argv[2])
-        if ms < 0:
-            raise err("timeout is negative")
-        pause_clients(server, ms)
+        pause_clients(server, timeout_arg(argv[2]))
         c.out.append(OK)
     elif sub == b"reply" and n == 3:
         mode = argv[2].lower()
@@ -446,7 +443,10 @@ def cmd_debug(c: Any, argv: list[bytes]) -> None:
         c.out.append(b"-" + text.encode() + b"\r\n")
     elif sub == b"structsize" and n == 2:
         from disque.jobs.job import Job
-        text = f"bits:{64 if sys.maxsize > 2**32 else 32} job:{sys.getsizeof(Job)}\r\n"
+        from disque.queues.queue import Queue
+        job = Job(b"D-00000000-" + b"A" * 24 + b"-0001", b"q", b"", 1, 0, 0, 0, 1, ())
+        text = (f"bits:{64 if sys.maxsize > 2**32 else 32} job:{sys.getsizeof(job)} "
+                f"queue:{sys.getsizeof(Queue(b'q', 0))}\r\n")
         c.out.append(bulk(text.encode()))
     elif sub == b"jmap" and n == 2:  # counts per state, handy for tests
         counts = [0, 0, 0, 0]

@@ -21,17 +21,18 @@ MBULK_MAX = 1024 * 1024
 _STAR = 42  # b"*"
 
 
-_HDR = [len(str(i)) + 5 for i in range(100000)]  # len(b"$<n>\r\n") + len(b"\r\n")
+# _ENC[n]: bytes a bulk of length n takes on the wire: `$<n>\r\n` + payload + `\r\n`.
+_ENC = [n + len(str(n)) + 5 for n in range(1 << 16)]
+_enc = _ENC.__getitem__
 
 
 def encoded_size(req: list[bytes]) -> int:
-    """Bytes a request takes in canonical multibulk form."""
-    n = 3 + len(str(len(req)))
-    hdr = _HDR
-    for a in req:
-        la = len(a)
-        n += (hdr[la] if la < 100000 else 5 + len(str(la))) + la
-    return n
+    """Bytes a request takes in canonical multibulk form (C-level map: this runs once per
+    request to find where whole requests end)."""
+    try:
+        return 3 + len(str(len(req))) + sum(map(_enc, map(len, req)))
+    except IndexError:  # a bulk of 64 KiB or more
+        return 3 + len(str(len(req))) + sum(len(a) + len(str(len(a))) + 5 for a in req)
 
 
 class HeaderGuard:
