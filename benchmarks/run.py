@@ -1,0 +1,688 @@
+"""`make bench`: disque-py against redis-server as a queue, same loads, same run, same machine.
+
+Scenarios (pick with `--only`):
+
+- addjob: redis-benchmark, 50 connections, `ADDJOB q body 0` vs `LPUSH q body`, unpipelined
+  and `-P 16`.
+- getjob: the queue is filled with `-n` jobs first, then `GETJOB NOHANG FROM q` vs `RPOP q`
+  with `-P 16`, so every request takes a job.
+- e2e: our multi-process generator (loadgen.py): producers ADDJOB, consumers GETJOB + ACKJOB,
+  against LPUSH / BRPOP, unpipelined and 16 in flight per connection.
+- memory: a fresh node gets `--jobs-for-memory` jobs with 16-byte bodies; the growth of INFO
+  `used_memory` and `used_memory_rss` over the empty node, per job (and the same for a fresh
+  redis-server list, for scale).
+
+Both servers are started here on free loopback ports and always stopped, even on errors or
+Ctrl-C. The issue's targets are ratios to redis-server in the same run; each is printed as
+PASS or MISS. A MISS never fails the run: the exit status is non-zero only when the harness
+itself could not do its job (a server that does not start, a crash in this code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks.loadgen import Client, E2EConfig, E2EResult, run_e2e
+
+REPO = Path(__file__).resolve().parent.parent
+SCENARIOS = ("addjob", "getjob", "e2e", "memory")
+BODY16 = "0123456789abcdef"
+
+
+# -- servers ------------------------------------------------------------------------------
+
+def free_port() -> int:
+    """A loopback port p free now, with p + 10000 (disque's cluster bus) free too."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port + 10000 > 65535:
+            continue
+        try:
+            with socket.socket() as s2:
+                s2.bind(("127.0.0.1", port + 10000))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free loopback port pair found")
+
+
+def _child_setup(cpus: set[int] | None) -> Callable[[], None]:
+    """Runs in the forked server before exec: die with the harness, optionally pin CPUs."""
+    def setup() -> None:
+        with contextlib.suppress(Exception):
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: no orphans if we are killed
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+    return setup
+
+
+class Server:
+    """One server process we own: started on a free port, waited for, always stopped."""
+
+    def __init__(self, name: str, cmd: list[str], port: int, workdir: Path,
+                 cpus: set[int] | None = None) -> None:
+        self.name = name
+        self.cmd = cmd
+        self.port = port
+        self.workdir = workdir
+        self.cpus = cpus
+        self.log = workdir / f"{name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 30.0) -> Server:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, cwd=str(REPO), env=env,
+                                         start_new_session=True,
+                                         preexec_fn=_child_setup(self.cpus))
+        deadline = time.monotonic() + timeout
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode} at start:\n"
+                                   f"{self.log_tail()}")
+            try:
+                with Client(self.port, timeout=2) as c:
+                    if c.call("PING") in (b"PONG", "PONG"):
+                        return self
+            except (OSError, RuntimeError) as exc:
+                last = exc
+            time.sleep(0.05)
+        raise RuntimeError(f"{self.name} did not answer PING on port {self.port} within "
+                           f"{timeout}s (last error {last!r}):\n{self.log_tail()}")
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+DISQUE_CMD = [sys.executable, "-m", "disque"]
+
+
+def disque_server(workdir: Path, cpus: set[int] | None) -> Server:
+    port = free_port()
+    d = workdir / f"disque-{port}"
+    d.mkdir(parents=True)
+    cmd = [*DISQUE_CMD, "--port", str(port), "--dir", str(d), "--maxmemory", "4gb"]
+    return Server("disque", cmd, port, d, cpus)
+
+
+def redis_server(workdir: Path, cpus: set[int] | None) -> Server:
+    port = free_port()
+    d = workdir / f"redis-{port}"
+    d.mkdir(parents=True)
+    exe = shutil.which("redis-server") or "redis-server"
+    cmd = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+           "--dir", str(d), "--daemonize", "no"]
+    return Server("redis", cmd, port, d, cpus)
+
+
+# -- redis-benchmark ----------------------------------------------------------------------
+
+@dataclass(slots=True)
+class Load:
+    """One measured load on one server."""
+    rps: float | None = None
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    seconds: float = 0.0
+    partial: bool = False  # hit the time limit; rps is the running average so far
+    error: str | None = None
+    note: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.rps is not None and self.error is None
+
+
+_THROUGHPUT = re.compile(rb"throughput summary:\s*([\d.]+) requests per second")
+_OVERALL = re.compile(rb"overall:\s*([\d.]+)\)")
+
+
+def parse_redis_benchmark(out: bytes) -> Load:
+    """Parse redis-benchmark 7's full output: the summary, or the last progress line."""
+    load = Load()
+    if m := _THROUGHPUT.search(out):
+        load.rps = float(m.group(1))
+        lines = out.replace(b"\r", b"\n").splitlines()
+        for i, line in enumerate(lines):
+            if b"latency summary" in line and i + 2 < len(lines):
+                names = lines[i + 1].split()
+                values = lines[i + 2].split()
+                stats = dict(zip(names, values, strict=False))
+                with contextlib.suppress(KeyError, ValueError):
+                    load.p50_ms = float(stats[b"p50"])
+                    load.p99_ms = float(stats[b"p99"])
+                break
+    elif progress := _OVERALL.findall(out):
+        load.rps = float(progress[-1])
+        load.partial = True
+    return load
+
+
+def redis_benchmark(port: int, command: list[str], n: int, pipeline: int, clients: int,
+                    time_limit: float) -> Load:
+    exe = shutil.which("redis-benchmark") or "redis-benchmark"
+    cmd = [exe, "-h", "127.0.0.1", "-p", str(port), "-c", str(clients), "-n", str(n),
+           "-P", str(pipeline), *command]
+    t0 = time.monotonic()
+    try:
+        cp = subprocess.run(cmd, capture_output=True, timeout=time_limit, check=False)
+        out, err, rc = cp.stdout, cp.stderr, cp.returncode
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout or b""
+        err = exc.stderr or b""
+        rc = None
+    load = parse_redis_benchmark(out)
+    load.seconds = time.monotonic() - t0
+    if rc is None:
+        load.partial = True
+        load.note = f"stopped at the {time_limit:.0f}s time limit"
+    elif rc != 0:
+        msg = err.decode(errors="replace").strip().splitlines()
+        load.error = f"redis-benchmark exit {rc}: " + (msg[-1] if msg else "")
+    if load.rps is None and load.error is None:
+        load.error = "no throughput in redis-benchmark output"
+    return load
+
+
+# -- scenarios ----------------------------------------------------------------------------
+
+@dataclass(slots=True)
+class Row:
+    """One line of the table: the same load on disque and on redis."""
+    key: str
+    label: str
+    disque: Load = field(default_factory=Load)
+    redis: Load = field(default_factory=Load)
+
+    @property
+    def ratio(self) -> float | None:
+        if self.disque.ok and self.redis.ok and self.redis.rps:
+            return (self.disque.rps or 0.0) / self.redis.rps
+        return None
+
+
+@dataclass(slots=True)
+class Options:
+    n: int
+    clients: int
+    time_limit: float
+    e2e_jobs: int
+    e2e_time_limit: float
+    e2e_procs: int
+    memory_jobs: int
+
+
+def _qlen(port: int, flavor: str, queue: str) -> int:
+    with Client(port) as c:
+        return int(c.call("QLEN", queue) if flavor == "disque" else c.call("LLEN", queue))
+
+
+def _counted(server: Server | None, flavor: str, queue: str, expect: int, command: list[str],
+             pipeline: int, o: Options) -> Load:
+    """redis-benchmark a command that should add (expect > 0) or take (expect < 0) one job per
+    request, and check it did: redis-benchmark counts error replies as answers, so the queue
+    length is the only proof."""
+    if server is None or not server.alive():
+        return Load(error=f"{flavor} server not running")
+    try:
+        before = _qlen(server.port, flavor, queue)
+        load = redis_benchmark(server.port, command, o.n, pipeline, o.clients, o.time_limit)
+        after = _qlen(server.port, flavor, queue)
+    except (OSError, RuntimeError) as exc:
+        return Load(error=f"{exc!r}")
+    moved = after - before
+    if load.error is None and not load.partial and abs(moved) < abs(expect) * 0.99:
+        load.note = f"only {abs(moved)} of {abs(expect)} requests moved a job"
+    return load
+
+
+def _say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def _fmt_rate(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.0f}"
+
+
+def _fmt_lat(load: Load) -> str:
+    if load.p50_ms is None:
+        return "-"
+    p99 = "-" if load.p99_ms is None else f"{load.p99_ms:.2f}"
+    return f"{load.p50_ms:.2f}/{p99}"
+
+
+def _report(label: str, flavor: str, load: Load) -> None:
+    extra = ""
+    if load.error:
+        extra = f"  ERROR {load.error}"
+    elif load.note:
+        extra = f"  ({load.note})"
+    _say(f"  {label:<26} {flavor:<6} {_fmt_rate(load.rps):>12}/s  p50/p99 {_fmt_lat(load)} ms"
+         f"  [{load.seconds:.1f}s]{extra}")
+
+
+def scenario_addjob(d: Server | None, r: Server | None, o: Options) -> list[Row]:
+    rows = []
+    for p in (1, 16):
+        row = Row(f"addjob_p{p}", f"ADDJOB vs LPUSH P{p}")
+        q = f"add{p}"
+        for flavor, server, cmd in (("disque", d, ["ADDJOB", q, "body", "0"]),
+                                    ("redis", r, ["LPUSH", q, "body"])):
+            load = _counted(server, flavor, q, o.n, cmd, p, o)
+            setattr(row, flavor, load)
+            _report(row.label, flavor, load)
+        rows.append(row)
+    return rows
+
+
+def scenario_getjob(d: Server | None, r: Server | None, o: Options) -> list[Row]:
+    row = Row("getjob_p16", "GETJOB NOHANG vs RPOP P16")
+    q = "get16"
+    for flavor, server, fill, take in (
+        ("disque", d, ["ADDJOB", q, "body", "0"], ["GETJOB", "NOHANG", "FROM", q]),
+        ("redis", r, ["LPUSH", q, "body"], ["RPOP", q]),
+    ):
+        if server is None or not server.alive():
+            setattr(row, flavor, Load(error=f"{flavor} server not running"))
+            _report(row.label, flavor, getattr(row, flavor))
+            continue
+        pre = _counted(server, flavor, q, o.n, fill, 16, o)
+        if not pre.ok or pre.note or pre.partial:
+            setattr(row, flavor, Load(error=f"pre-fill failed: {pre.error or pre.note}"))
+        else:
+            setattr(row, flavor, _counted(server, flavor, q, -o.n, take, 16, o))
+        _report(row.label, flavor, getattr(row, flavor))
+    return [row]
+
+
+def _e2e_load(res: E2EResult) -> Load:
+    load = Load(rps=res.jobs_per_s, p50_ms=res.p50_ms, p99_ms=res.p99_ms,
+                seconds=res.elapsed_s, partial=res.time_limited)
+    if res.errors:
+        load.error = "; ".join(res.errors[:3])
+    if res.acked < res.jobs_target:
+        load.note = f"{res.acked} of {res.jobs_target} jobs done"
+    return load
+
+
+def scenario_e2e(d: Server | None, r: Server | None, o: Options) -> tuple[list[Row], dict[str, Any]]:
+    rows = []
+    raw: dict[str, Any] = {}
+    for depth in (1, 16):
+        row = Row(f"e2e_p{depth}", f"produce->consume P{depth}")
+        for flavor, server in (("disque", d), ("redis", r)):
+            if server is None or not server.alive():
+                setattr(row, flavor, Load(error=f"{flavor} server not running"))
+            else:
+                cfg = E2EConfig(port=server.port, flavor=flavor,  # type: ignore[arg-type]
+                                depth=depth, jobs=o.e2e_jobs, connections=o.clients,
+                                procs=o.e2e_procs, time_limit=o.e2e_time_limit,
+                                queue=f"e2e{depth}")
+                res = run_e2e(cfg)
+                raw[f"{row.key}_{flavor}"] = res.as_dict()
+                setattr(row, flavor, _e2e_load(res))
+            _report(row.label, flavor, getattr(row, flavor))
+        rows.append(row)
+    return rows, raw
+
+
+def _memory_fields(port: int) -> dict[str, int]:
+    with Client(port) as c:
+        info = c.info("memory")
+    return {k: int(info[k]) for k in ("used_memory", "used_memory_rss") if k in info}
+
+
+def measure_memory(server: Server, flavor: str, o: Options) -> dict[str, Any]:
+    """Fill a fresh server with o.memory_jobs 16-byte jobs; per-job growth of INFO memory."""
+    q = "mem"
+    cmd = ["ADDJOB", q, BODY16, "0"] if flavor == "disque" else ["LPUSH", q, BODY16]
+    out: dict[str, Any] = {"flavor": flavor, "target": o.memory_jobs}
+    base = _memory_fields(server.port)
+    t0 = time.monotonic()
+    load = redis_benchmark(server.port, cmd, o.memory_jobs, 16, o.clients,
+                           max(o.time_limit, 4 * o.time_limit * o.memory_jobs / 1e6))
+    out["fill_seconds"] = time.monotonic() - t0
+    out["fill_rps"] = load.rps
+    if load.error:
+        out["error"] = load.error
+    jobs = _qlen(server.port, flavor, q)
+    after = _memory_fields(server.port)
+    out["jobs"] = jobs
+    out["baseline"] = base
+    out["after"] = after
+    for k in ("used_memory", "used_memory_rss"):
+        if k in base and k in after and jobs:
+            out[f"{k}_per_job"] = (after[k] - base[k]) / jobs
+    missing = {"used_memory", "used_memory_rss"} - set(after)
+    if missing:
+        out["note"] = f"INFO memory lacks {sorted(missing)}"
+    return out
+
+
+def scenario_memory(workdir: Path, cpus: set[int] | None, o: Options,
+                    want_disque: bool) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    makers = [("redis", redis_server)]
+    if want_disque:
+        makers.insert(0, ("disque", disque_server))
+    for flavor, make in makers:
+        server = make(workdir, cpus)
+        try:
+            server.start()
+            m = measure_memory(server, flavor, o)
+        except (OSError, RuntimeError) as exc:
+            m = {"flavor": flavor, "error": f"{exc!r}"}
+        finally:
+            server.stop()
+        results[flavor] = m
+        per = m.get("used_memory_rss_per_job")
+        used = m.get("used_memory_per_job")
+        _say(f"  {'memory':<26} {flavor:<6} {m.get('jobs', 0):,} jobs in "
+             f"{m.get('fill_seconds', 0):.1f}s: used_memory "
+             f"{'-' if used is None else f'{used:.0f}'} B/job, RSS "
+             f"{'-' if per is None else f'{per:.0f}'} B/job"
+             + (f"  ERROR {m['error']}" if "error" in m else ""))
+    return results
+
+
+# -- report -------------------------------------------------------------------------------
+
+TARGETS: list[tuple[str, str, float]] = [
+    ("addjob_p16", "ADDJOB P16 >= 30% of LPUSH P16", 0.30),
+    ("getjob_p16", "GETJOB NOHANG P16 >= 20% of RPOP P16", 0.20),
+    ("addjob_p1", "ADDJOB P1 >= 90% of LPUSH P1", 0.90),
+]
+RSS_TARGET = 600.0
+
+
+def check_targets(rows: dict[str, Row], memory: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for key, text, need in TARGETS:
+        ratio = rows[key].ratio if key in rows else None
+        verdict = "n/a" if ratio is None else ("PASS" if ratio >= need else "MISS")
+        out.append({"target": text, "value": ratio, "verdict": verdict,
+                    "shown": "-" if ratio is None else f"{ratio:.0%}"})
+    rss = memory.get("disque", {}).get("used_memory_rss_per_job")
+    verdict = "n/a" if rss is None else ("PASS" if rss <= RSS_TARGET else "MISS")
+    out.append({"target": f"RSS <= {RSS_TARGET:.0f} bytes per queued job", "value": rss,
+                "verdict": verdict, "shown": "-" if rss is None else f"{rss:.0f} B"})
+    return out
+
+
+def print_table(rows: list[Row], memory: dict[str, Any], targets: list[dict[str, Any]],
+                cpus: int, pinned: bool) -> None:
+    _say("")
+    head = (f"{'scenario':<27} {'disque jobs/s':>14} {'p50/p99 ms':>13} "
+            f"{'redis ops/s':>14} {'p50/p99 ms':>13} {'ratio':>7}")
+    _say(head)
+    _say("-" * len(head))
+    for row in rows:
+        ratio = row.ratio
+        d = _fmt_rate(row.disque.rps) + ("*" if row.disque.partial else "")
+        r = _fmt_rate(row.redis.rps) + ("*" if row.redis.partial else "")
+        _say(f"{row.label:<27} {d:>14} {_fmt_lat(row.disque):>13} {r:>14} "
+             f"{_fmt_lat(row.redis):>13} {'-' if ratio is None else f'{ratio:.0%}':>7}")
+        for flavor in ("disque", "redis"):
+            load: Load = getattr(row, flavor)
+            if load.error or load.note:
+                _say(f"    {flavor}: {load.error or load.note}")
+    for flavor in ("disque", "redis"):
+        m = memory.get(flavor)
+        if not m:
+            continue
+        used = m.get("used_memory_per_job")
+        rss = m.get("used_memory_rss_per_job")
+        unit = "job" if flavor == "disque" else "list item"
+        _say(f"memory {flavor:<7} {m.get('jobs', 0):>9,} x 16B: used_memory "
+             f"{'-' if used is None else f'{used:.0f}'} B/{unit}, RSS "
+             f"{'-' if rss is None else f'{rss:.0f}'} B/{unit}, filled in "
+             f"{m.get('fill_seconds', 0):.1f}s ({_fmt_rate(m.get('fill_rps'))}/s)"
+             + (f"  {m['error']}" if "error" in m else "")
+             + (f"  {m['note']}" if "note" in m else ""))
+    _say("")
+    _say("targets (ratios to redis-server in this run):")
+    for t in targets:
+        _say(f"  {t['verdict']:<5} {t['target']:<42} {t['shown']}")
+    _say("")
+    _say("* = stopped at the time limit. Latencies: redis-benchmark's per-request latency "
+         "(with -P 16, per pipeline batch); e2e rows: produce -> consume of each job. "
+         "e2e redis has no ack step (BRPOP only).")
+    _say(f"Caveat: this machine has {cpus} CPU(s); the load generators and the server under test "
+         f"share them{' (servers pinned to CPU 0, load elsewhere)' if pinned else ''}, so "
+         f"absolute numbers understate both servers: compare the ratios.")
+
+
+# -- main ---------------------------------------------------------------------------------
+
+def cpu_busy(interval: float = 0.5) -> float | None:
+    """Fraction of all CPUs busy over `interval`, from /proc/stat (None if unavailable)."""
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+        return sum(fields), idle
+    try:
+        t0, i0 = sample()
+        time.sleep(interval)
+        t1, i1 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    return 1.0 - (i1 - i0) / max(1, t1 - t0)
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM unwinds like Ctrl-C: servers stopped by the `finally` blocks, partial results
+    still printed and saved."""
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _server_version(server: Server | None, keys: tuple[str, ...]) -> str | None:
+    if server is None or not server.alive():
+        return None
+    with contextlib.suppress(OSError, RuntimeError), Client(server.port) as c:
+        info = c.info("server")
+        for k in keys:
+            if k in info:
+                return info[k]
+    return None
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.run",
+                                 description="disque-py vs redis-server as a queue (make bench)")
+    ap.add_argument("--quick", action="store_true",
+                    help="fewer requests and 100k jobs for memory, for development")
+    ap.add_argument("--only", default=",".join(SCENARIOS),
+                    help=f"comma-separated scenarios among {','.join(SCENARIOS)}")
+    ap.add_argument("-n", "--requests", type=int, default=None,
+                    help="requests per redis-benchmark run (default 200000, quick 50000)")
+    ap.add_argument("-c", "--clients", type=int, default=50, help="connections per load")
+    ap.add_argument("--jobs-for-memory", type=int, default=None,
+                    help="jobs queued for the memory scenario (default 1000000, quick 100000)")
+    ap.add_argument("--e2e-jobs", type=int, default=None,
+                    help="jobs per end-to-end run (default 100000, quick 20000)")
+    ap.add_argument("--e2e-procs", type=int, default=4,
+                    help="load generator processes for e2e (half produce, half consume)")
+    ap.add_argument("--time-limit", type=float, default=None,
+                    help="seconds any single load may run (default 60, quick 20)")
+    ap.add_argument("--pin", action="store_true",
+                    help="pin the servers to CPU 0 and the load generators to the other CPUs")
+    ap.add_argument("--disque-cmd", default=None,
+                    help="command that starts a node, before --port/--dir/--maxmemory "
+                         "(default: this python -m disque; e.g. the original disque-server)")
+    ap.add_argument("--results-dir", default=str(REPO / "bench-results"))
+    a = ap.parse_args(argv)
+    a.only = [s.strip() for s in a.only.split(",") if s.strip()]
+    bad = [s for s in a.only if s not in SCENARIOS]
+    if bad:
+        ap.error(f"unknown scenario(s) {bad}; choose among {list(SCENARIOS)}")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    if a.disque_cmd:
+        DISQUE_CMD[:] = shlex.split(a.disque_cmd)
+    o = Options(
+        n=a.requests or (50_000 if a.quick else 200_000),
+        clients=a.clients,
+        time_limit=a.time_limit or (20.0 if a.quick else 60.0),
+        e2e_jobs=a.e2e_jobs or (20_000 if a.quick else 100_000),
+        e2e_time_limit=10.0 if a.quick else 20.0,
+        e2e_procs=a.e2e_procs,
+        memory_jobs=a.jobs_for_memory or (100_000 if a.quick else 1_000_000),
+    )
+    for tool in ("redis-server", "redis-benchmark"):
+        if shutil.which(tool) is None:
+            _say(f"{tool} not found: install Debian's redis-server and redis-tools "
+                 f"(`make system-deps`)")
+            return 2
+    ncpu = os.cpu_count() or 1
+    server_cpus: set[int] | None = None
+    if a.pin and ncpu >= 2:
+        server_cpus = {0}
+        os.sched_setaffinity(0, set(range(1, ncpu)))  # inherited by redis-benchmark, loadgen
+    started = time.time()
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(started))
+    _say(f"disque-py benchmark {stamp}: {ncpu} CPU(s), python {platform.python_version()}, "
+         f"{o.clients} connections, -n {o.n}, mode {'quick' if a.quick else 'full'}")
+    _say(f"note: load generator and servers share the {ncpu} CPU(s) of this machine")
+    load_start = os.getloadavg()
+    busy = cpu_busy()
+    if busy is not None and busy > 0.25:
+        _say(f"warning: the machine is already {busy:.0%} busy before the benchmark starts; "
+             f"other processes will skew the numbers")
+    rows: list[Row] = []
+    e2e_raw: dict[str, Any] = {}
+    memory: dict[str, Any] = {}
+    harness_error: str | None = None
+    disque_error: str | None = None
+    versions: dict[str, str | None] = {}
+    with tempfile.TemporaryDirectory(prefix="disque-bench-") as tmp, _sigterm_as_interrupt():
+        work = Path(tmp)
+        try:
+            load_scenarios = [s for s in a.only if s != "memory"]
+            if load_scenarios:
+                d: Server | None = disque_server(work, server_cpus)
+                r: Server | None = redis_server(work, server_cpus)
+                try:
+                    assert r is not None and d is not None
+                    r.start()
+                    try:
+                        d.start()
+                    except RuntimeError as exc:
+                        disque_error = str(exc)
+                        _say(f"disque-py did not start; running the redis half only:\n{exc}")
+                        d.stop()
+                        d = None
+                    versions = {"disque": _server_version(d, ("disque_version",
+                                                              "redis_version")),
+                                "redis": _server_version(r, ("redis_version",))}
+                    _say(f"disque on port {d.port if d else '-'}, redis-server "
+                         f"{versions['redis']} on port {r.port}")
+                    if "addjob" in load_scenarios:
+                        rows += scenario_addjob(d, r, o)
+                    if "getjob" in load_scenarios:
+                        rows += scenario_getjob(d, r, o)
+                    if "e2e" in load_scenarios:
+                        e2e_rows, e2e_raw = scenario_e2e(d, r, o)
+                        rows += e2e_rows
+                    if d is not None and not d.alive():
+                        disque_error = f"disque-py died during the run:\n{d.log_tail()}"
+                        _say(disque_error)
+                finally:
+                    for s in (d, r):
+                        if s is not None:
+                            s.stop()
+            if "memory" in a.only:
+                memory = scenario_memory(work, server_cpus, o, want_disque=disque_error is None)
+                if "error" in memory.get("disque", {}) and disque_error is None:
+                    disque_error = memory["disque"]["error"]
+        except KeyboardInterrupt:
+            harness_error = "interrupted"
+            _say("interrupted; servers stopped")
+        except Exception:  # the harness broke: say where, still write what we have
+            harness_error = traceback.format_exc()
+            _say(harness_error)
+    by_key = {row.key: row for row in rows}
+    targets = check_targets(by_key, memory)
+    print_table(rows, memory, targets, ncpu, server_cpus is not None)
+    if disque_error and not any(row.disque.ok for row in rows):
+        _say("disque-py numbers are pending: the server did not run (see above).")
+    doc = {
+        "timestamp": stamp,
+        "duration_s": round(time.time() - started, 1),
+        "machine": {"cpus": ncpu, "platform": platform.platform(),
+                    "python": platform.python_version(), "pinned": server_cpus is not None,
+                    "cpu_busy_before": busy, "loadavg_start": load_start,
+                    "loadavg_end": os.getloadavg()},
+        "versions": versions,
+        "options": asdict(o) | {"only": a.only, "quick": a.quick},
+        "rows": [{"key": row.key, "label": row.label, "ratio": row.ratio,
+                  "disque": asdict(row.disque), "redis": asdict(row.redis)} for row in rows],
+        "e2e": e2e_raw,
+        "memory": memory,
+        "targets": targets,
+        "disque_error": disque_error,
+        "harness_error": harness_error,
+    }
+    out_dir = Path(a.results_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{stamp}.json"
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    _say(f"results written to {path} ({doc['duration_s']}s)")
+    if harness_error == "interrupted":
+        return 130
+    return 1 if (harness_error or disque_error) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
