@@ -128,6 +128,9 @@ class Node:
     def reachable_others(self) -> list[bytes]:
         return []
 
+    def is_known_node(self, node_id: bytes) -> bool:
+        return node_id == self.myself
+
     def default_replicate(self) -> int:
         return min(3, self.cluster_size())
 
@@ -347,6 +350,39 @@ class Node:
             self.persist.loadjob(job)
         return job
 
+    def load_job(self, job: Job, enqueue_queued: bool) -> bool:
+        """Restore a job read from the AOF (a LOADJOB record); False if it is skipped.
+
+        Expired jobs are dropped. A job saved as queued comes back queued only after a
+        controlled restart (`enqueue_queued`, aof-enqueue-jobs-once); otherwise it is active
+        and re-queued by its timer after delay + retry. At-most-once jobs that were queued
+        before are never queued again (they may have been delivered); one that never was
+        (still delayed) cannot have been delivered, so it is queued when its delay ends.
+        """
+        now = self.clock()
+        if job.etime <= now or job.state not in (ACTIVE, QUEUED):
+            return False
+        old = self.lookup_job(job.id)
+        if old is not None:
+            self.unregister(old)
+        saved_queued = job.state == QUEUED
+        job.state = ACTIVE
+        job.awake = 0
+        self.register(job)
+        if saved_queued and enqueue_queued:
+            job.qtime = now
+            self.enqueue(job, now)
+            return True
+        if job.retry:
+            job.qtime = now + (job.delay + job.retry) * 1000 + \
+                int(self._random() * 2 * REQUEUE_JITTER) - REQUEUE_JITTER
+        elif not job.flags & F_BCAST_QUEUED:
+            job.qtime = max(now, job.ctime // 1_000_000 + job.delay * 1000)
+        else:
+            job.qtime = 0
+        self.schedule_job(job)
+        return True
+
     # ------------------------------------------------------------------ GETJOB
     def get_jobs(self, names: list[bytes], count: int) -> list[Job]:
         """Passes over the queues left to right, one job per queue per pass, until `count`
@@ -435,7 +471,9 @@ class Node:
             if self.cluster_size() == 1:
                 self.unregister(job)
             return
-        if all(n == myself for n in job.delivered):
+        # Only nodes we know can confirm; alone (or with copies only on forgotten nodes)
+        # there is nobody to wait for.
+        if all(n == myself or not self.is_known_node(n) for n in job.delivered):
             self.unregister(job)
 
     def ackjob(self, ids: Iterable[bytes]) -> int:

@@ -26,6 +26,8 @@ from typing import Any
 import structlog
 
 from disque import __version__
+from disque.aof.loader import AofLoadError
+from disque.aof.manager import AofManager
 from disque.commands import TABLE, Command, load_all, wrong_arity
 from disque.config import Config, ConfigError, load_config, on_set
 from disque.node import Node
@@ -52,7 +54,8 @@ class Client(asyncio.Protocol):
     __slots__ = ("server", "node", "id", "transport", "reader", "out", "proto", "null_bulk",
                  "null_array", "authenticated", "name", "addr", "laddr", "ctime",
                  "last_interaction", "waiter", "pending", "closing", "monitor", "last_cmd",
-                 "reply_mode", "lib_name", "lib_ver", "soft_limit_since", "held", "held_bytes")
+                 "reply_mode", "lib_name", "lib_ver", "soft_limit_since", "held", "held_bytes",
+                 "aof_held")
 
     def __init__(self, server: Server) -> None:
         self.server = server
@@ -85,6 +88,7 @@ class Client(asyncio.Protocol):
         # the blocked GETJOB is withdrawn before any job is handed to a dead client.
         self.held: list[bytes] = []
         self.held_bytes = 0
+        self.aof_held = False  # replies wait for the AOF fsync (appendfsync always)
 
     # ------------------------------------------------------------------ asyncio callbacks
     def connection_made(self, transport: Any) -> None:
@@ -164,7 +168,7 @@ class Client(asyncio.Protocol):
             self.flush()
             self.close()
             return
-        if self.out:
+        if self.out and not server.aofm.hold(self):
             self.flush()
         if server.node.wheel._heap and server.node.wheel._heap[0] < server.wake_key:
             server.arm_timer()
@@ -202,7 +206,7 @@ class Client(asyncio.Protocol):
 
     def flush(self) -> None:
         out = self.out
-        if not out:
+        if not out or self.aof_held:
             return
         data = out[0] if len(out) == 1 else b"".join(out)
         out.clear()
@@ -301,6 +305,7 @@ class Server:
         self.cron_handle: asyncio.TimerHandle | None = None
         self.apply_limits()
         self.install_config_hooks()
+        self.aofm = AofManager(self)
 
     # ------------------------------------------------------------------ config hooks
     def apply_limits(self) -> None:
@@ -359,6 +364,11 @@ class Server:
             return
         if self.loading and not cmd.loading:
             c.out.append(LOADING_REPLY)
+            return
+        if (cmd.write or cmd.name == "ping") and self.aofm.aof is not None \
+                and self.aofm.aof.last_write_error is not None:
+            c.out.append(b"-MISCONF Errors writing to the AOF file: "
+                         + self.aofm.aof.last_write_error.encode() + b"\r\n")
             return
         if self.monitors:
             self.feed_monitors(c, argv)
@@ -452,6 +462,7 @@ class Server:
             for c in list(self.clients.values()):
                 if c.transport is not None and not c.closing:
                     c.check_output_limits(c.transport.get_write_buffer_size())
+        self.aofm.cron()
         self.gc_tick()
         self.arm_timer()
         hz = min(max(cfg.hz, 1), 500)
@@ -507,11 +518,21 @@ class Server:
                 os.chmod(cfg.unixsocket, cfg.unixsocketperm)
             self.listeners.append(srv)
         self.cron()
+        await self.aofm.load_at_start()
 
-    def shutdown(self, code: int = 0) -> None:
-        """Stop serving and exit the loop (SHUTDOWN, SIGTERM, SIGINT)."""
+    def persistence_info(self) -> list[tuple[str, Any]]:
+        return self.aofm.info()
+
+    def prepare_shutdown(self, mode: bytes) -> bool:
+        return self.aofm.prepare_shutdown(mode)
+
+    def shutdown(self, code: int = 0, exit_prepared: bool = False) -> None:
+        """Stop serving and exit the loop (SHUTDOWN, SIGTERM, SIGINT); the AOF is flushed
+        and fsynced first (SHUTDOWN has already done that: exit_prepared)."""
         if self.shutting_down:
             return
+        if not exit_prepared and not self.prepare_shutdown(b""):
+            log.error("server.shutdown_aof_failed")
         self.shutting_down = True
         self.exit_code = code
         log.info("server.shutdown", reason="requested", pid=os.getpid())
@@ -652,6 +673,10 @@ def main(argv: list[str] | None = None) -> int:
         loop.run_until_complete(server.start())
     except OSError as exc:
         log.error("server.listen_failed", port=cfg.port, error=str(exc))
+        return 1
+    except AofLoadError as exc:
+        log.error("aof.load_failed", error=str(exc))
+        print(str(exc), file=sys.stderr)
         return 1
     if cfg.pidfile:
         try:

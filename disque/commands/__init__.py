@@ -21,7 +21,7 @@ FLAG_ORDER = ("write", "readonly", "denyoom", "admin", "random", "loading", "ski
 
 class Command:
     __slots__ = ("name", "arity", "flags", "handler", "denyoom", "loading", "noauth",
-                 "calls", "usec")
+                 "write", "calls", "usec")
 
     def __init__(self, name: str, arity: int, flags: str, handler: Callable[..., Any],
                  noauth: bool = False) -> None:
@@ -31,6 +31,7 @@ class Command:
         self.handler = handler
         self.denyoom = "denyoom" in self.flags
         self.loading = "loading" in self.flags
+        self.write = "write" in self.flags
         self.noauth = noauth  # may run before AUTH (AUTH, HELLO)
         self.calls = 0
         self.usec = 0

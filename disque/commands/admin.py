@@ -170,7 +170,7 @@ def info_sections(server: Any) -> dict[str, list[tuple[str, Any]]]:
         ],
         "Jobs": [("registered_jobs", len(node.jobs))],
         "Queues": [("registered_queues", len(node.queues))],
-        "Persistence": server_persistence_info(server),
+        "Persistence": server.persistence_info(),
         "Stats": [
             ("total_connections_received", server.stat_connections),
             ("total_commands_processed", server.stat_commands),
@@ -197,16 +197,6 @@ def info_sections(server: Any) -> dict[str, list[tuple[str, Any]]]:
                           f"usec_per_call={cmd.usec / cmd.calls:.2f}"))
     sections["Commandstats"] = stats
     return sections
-
-
-def server_persistence_info(server: Any) -> list[tuple[str, Any]]:
-    persistence = getattr(server, "persistence_info", None)
-    if persistence is not None:
-        return persistence()
-    return [("loading", int(server.loading)), ("aof_enabled", 0), ("aof_state", "off"),
-            ("aof_rewrite_in_progress", 0), ("aof_rewrite_scheduled", 0),
-            ("aof_last_rewrite_time_sec", -1), ("aof_current_rewrite_time_sec", -1),
-            ("aof_last_bgrewrite_status", "ok"), ("aof_last_write_status", "ok")]
 
 
 def render_info(server: Any, section: str | None) -> bytes:
@@ -448,6 +438,10 @@ def cmd_debug(c: Any, argv: list[bytes]) -> None:
         text = (f"bits:{64 if sys.maxsize > 2**32 else 32} job:{sys.getsizeof(job)} "
                 f"queue:{sys.getsizeof(Queue(b'q', 0))}\r\n")
         c.out.append(bulk(text.encode()))
+    elif sub == b"loadaof" and n == 2:
+        if not c.server.aofm.debug_loadaof():
+            raise CommandError("ERR")
+        c.out.append(OK)
     elif sub == b"jmap" and n == 2:  # counts per state, handy for tests
         counts = [0, 0, 0, 0]
         for job in c.node.jobs.values():
@@ -468,10 +462,9 @@ def cmd_shutdown(c: Any, argv: list[bytes]) -> None:
     if mode not in (b"", b"nosave", b"save", b"rewrite-aof"):
         raise syntax()
     server = c.server
-    prepare = getattr(server, "prepare_shutdown", None)
-    if prepare is not None and not prepare(mode):
+    if not server.prepare_shutdown(mode):
         raise err("Errors trying to SHUTDOWN. Check logs.")
-    server.shutdown()
+    server.shutdown(exit_prepared=True)
 
 
 @command("monitor", 1, "readonly admin")
@@ -570,8 +563,9 @@ def cluster_nodes(server: Any) -> str:
 
 @command("bgrewriteaof", 1, "readonly admin")
 def cmd_bgrewriteaof(c: Any, argv: list[bytes]) -> None:
-    start = getattr(c.server, "bgrewriteaof", None)
-    if start is None:
-        raise err("Background append only file rewriting is not available")
-    start()
+    aofm = c.server.aofm
+    if aofm.rewrite is not None:
+        raise err("Background append only file rewriting already in progress")
+    if not aofm.start_rewrite():
+        raise CommandError("ERR")
     c.out.append(b"+Background append only file rewriting started\r\n")

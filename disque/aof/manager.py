@@ -1,0 +1,309 @@
+"""AofManager: the AOF's life in the server: load at start, turn on and off at run time,
+rewrite (BGREWRITEAOF, automatic growth, SHUTDOWN REWRITE-AOF), hold replies for
+`appendfsync always`, and report INFO persistence."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+import structlog
+
+from disque.aof.loader import AofLoader, AofLoadError
+from disque.aof.writer import AppendOnlyFile, Rewrite
+from disque.config import ConfigSetError, config_rewrite, on_set
+
+log = structlog.get_logger("disque.aof")
+
+PROGRESS_EVERY = 3.0  # seconds between "still loading" log lines
+
+
+class AofManager:
+    def __init__(self, server: Any) -> None:
+        self.server = server
+        self.cfg = server.cfg
+        self.node = server.node
+        self.aof: AppendOnlyFile | None = None
+        self.held: list[Any] = []  # clients whose replies wait for the fsync (always)
+        self.rewrite: Rewrite | None = None
+        self.rewrite_scheduled = False
+        self.last_bgrewrite_ok = True
+        self.last_rewrite_time = -1
+        self.loader: AofLoader | None = None
+        on_set(self.cfg, "appendonly", self._on_appendonly)
+        on_set(self.cfg, "appendfsync", self._on_appendfsync)
+
+    @property
+    def path(self) -> str:
+        return self.cfg.appendfilename
+
+    # ------------------------------------------------------------------ start
+    async def load_at_start(self) -> None:
+        """Load the AOF if appendonly or aof-enqueue-jobs-once asks for it, then open it for
+        appending. Raises AofLoadError when the file cannot be loaded."""
+        cfg = self.cfg
+        enqueue_once = cfg.aof_enqueue_jobs_once
+        if cfg.appendonly or enqueue_once:
+            if os.path.exists(self.path):
+                await self.load(enqueue_once)
+            elif enqueue_once:
+                raise AofLoadError(f"aof-enqueue-jobs-once is yes but the AOF {self.path} "
+                                   f"does not exist in {os.getcwd()}")
+        if cfg.appendonly:
+            self.open()
+        if enqueue_once:
+            # Self-disabling: the queued state is restored once, never on a later restart.
+            cfg.aof_enqueue_jobs_once = False
+            if cfg.config_file:
+                try:
+                    config_rewrite(cfg)
+                except ConfigSetError as exc:
+                    log.warning("aof.enqueue_once_rewrite_failed", error=str(exc))
+            log.info("aof.enqueue_jobs_once_done", config_rewritten=bool(cfg.config_file))
+
+    async def load(self, enqueue_queued: bool) -> None:
+        server = self.server
+        loader = self.loader = AofLoader(self.path, self.node, enqueue_queued,
+                                         self.cfg.aof_load_truncated)
+        server.loading = True
+        t0 = time.monotonic()
+        last_log = t0
+        try:
+            for done in loader.steps():
+                now = time.monotonic()
+                if now - last_log >= PROGRESS_EVERY:
+                    last_log = now
+                    log.info("aof.loading", loaded_bytes=done, total_bytes=loader.total_bytes,
+                             jobs=loader.jobs_loaded)
+                await asyncio.sleep(0)  # let clients in: they get -LOADING
+        finally:
+            server.loading = False
+            self.loader = None
+        if loader.truncated_at is not None:
+            log.warning("aof.truncated", path=self.path, offset=loader.truncated_at,
+                        cut_bytes=loader.total_bytes - loader.truncated_at)
+        log.info("aof.loaded", path=self.path, jobs=loader.jobs_loaded,
+                 deleted=loader.jobs_deleted, records=loader.records,
+                 seconds=round(time.monotonic() - t0, 3), queued=enqueue_queued)
+
+    def open(self, wait_rewrite: bool = False) -> None:
+        assert self.server.loop is not None
+        self.aof = AppendOnlyFile(self.path, self.cfg.appendfsync, self.server.loop.call_soon,
+                                  self.release, wait_rewrite=wait_rewrite)
+        self.node.persist = self.aof
+
+    # ------------------------------------------------------------------ replies for always
+    def hold(self, client: Any) -> bool:
+        """Called with a client's replies ready: True if they must wait for the fsync."""
+        aof = self.aof
+        if aof is None or not aof.flush_scheduled or not aof.hold_replies:
+            return False
+        if not client.aof_held:
+            client.aof_held = True
+            self.held.append(client)
+        return True
+
+    def release(self) -> None:
+        held = self.held
+        if not held:
+            return
+        self.held = []
+        aof = self.aof
+        if aof is not None and aof.last_write_error is not None:
+            for c in held:  # never confirm what is not on disk
+                c.aof_held = False
+                if not c.closing:
+                    c.out[:] = [b"-MISCONF Errors writing to the AOF file: "
+                                + aof.last_write_error.encode() + b"\r\n"]
+                    c.flush()
+            return
+        for c in held:
+            c.aof_held = False
+            if not c.closing:
+                c.flush()
+
+    # ------------------------------------------------------------------ run time
+    def _on_appendonly(self, cfg: Any, name: str) -> None:
+        if cfg.appendonly and self.aof is None:
+            self.open(wait_rewrite=True)
+            if not self.start_rewrite():
+                self.aof.close()
+                self.aof = None
+                self.node.persist = None
+                raise ConfigSetError("ERR Unable to turn on AOF. Check server logs.")
+        elif not cfg.appendonly and self.aof is not None:
+            self.stop()
+
+    def _on_appendfsync(self, cfg: Any, name: str) -> None:
+        if self.aof is not None:
+            self.aof.set_policy(cfg.appendfsync)
+
+    def stop(self) -> None:
+        if self.rewrite is not None:
+            self.rewrite.abort()
+            self.rewrite = None
+        if self.aof is not None:
+            self.aof.close()
+            self.aof = None
+            self.node.persist = None
+        self.release()
+
+    def misconf(self) -> str | None:
+        aof = self.aof
+        return aof.last_write_error if aof is not None else None
+
+    def start_rewrite(self) -> bool:
+        """Begin a background rewrite; False if one is running or it cannot start."""
+        if self.rewrite is not None:
+            return False
+        temp = f"temp-rewriteaof-bg-{os.getpid()}.aof"
+        try:
+            self.rewrite = Rewrite(self.node.jobs, self.path, temp, self.aof, self._rewrite_done)
+        except OSError as exc:
+            log.warning("aof.rewrite_failed", error=exc.strerror)
+            self.last_bgrewrite_ok = False
+            return False
+        self.rewrite_scheduled = False
+        self.rewrite_started = time.monotonic()
+        log.info("aof.rewrite_started", path=self.path)
+        self._rewrite_step()
+        return True
+
+    def _rewrite_step(self) -> None:
+        rw = self.rewrite
+        if rw is None or rw.finished:
+            return
+        try:
+            done = rw.step()
+        except OSError as exc:
+            rw.fail(exc.strerror or str(exc))
+            return
+        if not done:
+            assert self.server.loop is not None
+            self.server.loop.call_soon(self._rewrite_step)
+
+    def _rewrite_done(self, ok: bool, reason: str) -> None:
+        self.last_bgrewrite_ok = ok
+        self.last_rewrite_time = int(time.monotonic() - self.rewrite_started)
+        self.rewrite = None
+        if ok:
+            log.info("aof.rewrite_done", path=self.path, seconds=self.last_rewrite_time)
+        else:
+            log.warning("aof.rewrite_failed", error=reason)
+
+    def rewrite_now(self) -> bool:
+        """A synchronous full rewrite (SHUTDOWN REWRITE-AOF): no client runs meanwhile, so
+        the file holds the exact state, queued jobs included."""
+        if self.rewrite is not None:
+            self.rewrite.abort()
+            self.rewrite = None
+        temp = f"temp-rewriteaof-{os.getpid()}.aof"
+        ok = [True]
+
+        def done(success: bool, reason: str) -> None:
+            ok[0] = success
+            if not success:
+                log.warning("aof.rewrite_failed", error=reason)
+
+        try:
+            rw = Rewrite(self.node.jobs, self.path, temp, self.aof, done)
+            rw.run_to_end()
+        except OSError as exc:
+            log.warning("aof.rewrite_failed", error=exc.strerror)
+            return False
+        return ok[0]
+
+    def cron(self) -> None:
+        aof = self.aof
+        if aof is None:
+            return
+        if aof.buf and not aof.flush_scheduled:
+            aof.flush()
+        cfg = self.cfg
+        if (self.rewrite is None and aof.fd is not None and cfg.auto_aof_rewrite_percentage
+                and aof.current_size > cfg.auto_aof_rewrite_min_size):
+            base = aof.base_size or 1
+            growth = (aof.current_size - base) * 100 // base
+            if growth >= cfg.auto_aof_rewrite_percentage:
+                log.info("aof.auto_rewrite", size=aof.current_size, base=aof.base_size,
+                         growth_percent=growth)
+                self.start_rewrite()
+
+    def prepare_shutdown(self, mode: bytes) -> bool:
+        """SHUTDOWN [REWRITE-AOF]: write what must be on disk before exiting."""
+        if mode == b"rewrite-aof" and not self.server.loading and not self.rewrite_now():
+            return False
+        if self.aof is not None:
+            self.aof.close()
+            if self.aof.last_write_error is not None:
+                return False
+            self.aof = None
+            self.node.persist = None
+        return True
+
+    def debug_loadaof(self) -> bool:
+        """DEBUG LOADAOF: write what is buffered, forget everything, load the AOF again."""
+        if self.aof is not None and not self.aof.flush(fsync=True, force=True):
+            return False
+        self.node.flushall()
+        if not os.path.exists(self.path):
+            return True
+        try:
+            for _ in AofLoader(self.path, self.node, False, self.cfg.aof_load_truncated).steps():
+                pass
+        except AofLoadError as exc:
+            log.warning("aof.debug_loadaof_failed", error=str(exc))
+            return False
+        return True
+
+    # ------------------------------------------------------------------ INFO
+    def info(self) -> list[tuple[str, Any]]:
+        aof = self.aof
+        if aof is None:
+            state = "off"
+        elif aof.fd is None:
+            state = "wait-rewrite"
+        else:
+            state = "on"
+        rewriting = self.rewrite is not None
+        fields: list[tuple[str, Any]] = [
+            ("loading", int(self.server.loading)),
+            ("aof_enabled", int(aof is not None)),
+            ("aof_state", state),
+            ("aof_rewrite_in_progress", int(rewriting)),
+            ("aof_rewrite_scheduled", int(self.rewrite_scheduled)),
+            ("aof_last_rewrite_time_sec", self.last_rewrite_time),
+            ("aof_current_rewrite_time_sec",
+             int(time.monotonic() - self.rewrite_started) if rewriting else -1),
+            ("aof_last_bgrewrite_status", "ok" if self.last_bgrewrite_ok else "err"),
+            ("aof_last_write_status", "ok" if aof is None or aof.last_write_error is None
+             else "err"),
+        ]
+        if aof is not None:
+            fields += [
+                ("aof_current_size", aof.current_size),
+                ("aof_base_size", aof.base_size),
+                ("aof_pending_rewrite", int(self.rewrite_scheduled)),
+                ("aof_buffer_length", len(aof.buf)),
+                ("aof_rewrite_buffer_length", len(aof.rewrite_buf or b"")),
+                ("aof_pending_bio_fsync", int(aof.fsync_running)),
+                ("aof_delayed_fsync", aof.delayed_fsync),
+            ]
+        loader = self.loader
+        if loader is not None:
+            elapsed = max(time.time() - loader.start_time, 1e-6)
+            rate = loader.loaded_bytes / elapsed
+            left = loader.total_bytes - loader.loaded_bytes
+            fields += [
+                ("loading_start_time", int(loader.start_time)),
+                ("loading_total_bytes", loader.total_bytes),
+                ("loading_loaded_bytes", loader.loaded_bytes),
+                ("loading_loaded_perc",
+                 f"{loader.loaded_bytes * 100 / max(loader.total_bytes, 1):.2f}"),
+                ("loading_eta_seconds", int(left / rate) if rate else 1),
+            ]
+        return fields
+
+    rewrite_started = 0.0

@@ -1,0 +1,290 @@
+"""AppendOnlyFile: buffers records, writes them once per loop iteration, fsyncs by policy,
+and rewrites the file from the live state.
+
+fsync policies:
+- `always`: replies of commands that logged something are held until the records are
+  written and fsynced; one write + one fsync per loop iteration serves every client of that
+  iteration (group commit).
+- `everysec`: a background thread fsyncs once a second; the loop never waits on the disk.
+  If the previous fsync is still running after 2 s (a slow disk), the write goes ahead and
+  `aof_delayed_fsync` counts it, as Redis does. At most ~1-2 s of writes are at risk.
+- `no`: the kernel decides.
+
+Rewrite: the registry is walked shard by shard in small steps on the event loop, each job
+written as a LOADJOB to `temp-rewriteaof-bg-<pid>.aof`; records logged meanwhile go to both
+the live AOF and a rewrite buffer, appended to the new file at the end; then fsync, rename
+over the AOF, fsync of the directory, and the live file handle switches to the new file.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from disque.aof.format import deljob_record, loadjob_record
+from disque.jobs.job import ACTIVE, QUEUED, Job
+
+log = structlog.get_logger("disque.aof")
+
+REWRITE_SHARDS_PER_STEP = 64
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(os.path.dirname(os.path.abspath(path)) or ".", os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+class AppendOnlyFile:
+    """The node's `persist` sink while appendonly is on (or while a rewrite runs)."""
+
+    def __init__(self, path: str, policy: str, call_soon: Callable[[Callable[[], None]], Any],
+                 on_flushed: Callable[[], None], wait_rewrite: bool = False) -> None:
+        self.path = path
+        self.policy = policy
+        self.call_soon = call_soon
+        self.on_flushed = on_flushed  # releases replies held for `always`
+        # None while the first rewrite creates the file (CONFIG SET appendonly yes): records
+        # then only go to the rewrite buffer.
+        self.fd: int | None = (None if wait_rewrite else
+                               os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
+        self.buf = bytearray()
+        self.flush_scheduled = False
+        self.current_size = os.fstat(self.fd).st_size if self.fd is not None else 0
+        self.base_size = self.current_size
+        self.last_write_error: str | None = None
+        self.delayed_fsync = 0
+        self.postponed_since = 0.0
+        # rewrite state
+        self.rewrite_buf: bytearray | None = None
+        self.rewrite: Rewrite | None = None
+        self.last_rewrite_time = -1
+        self.last_rewrite_ok = True
+        # everysec fsync thread
+        self.fd_lock = threading.Lock()
+        self.fsync_running = False
+        self.dirty = False
+        self.stopping = threading.Event()
+        self.thread: threading.Thread | None = None
+        if policy == "everysec":
+            self.start_fsync_thread()
+
+    # ------------------------------------------------------------------ records
+    def loadjob(self, job: Job) -> None:
+        self.append(loadjob_record(job))
+
+    def deljob(self, job_id: bytes) -> None:
+        self.append(deljob_record(job_id))
+
+    def append(self, record: bytes) -> None:
+        if self.fd is not None:
+            self.buf += record
+        if self.rewrite_buf is not None:
+            self.rewrite_buf += record
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            self.call_soon(self.flush_and_release)
+
+    @property
+    def hold_replies(self) -> bool:
+        return self.policy == "always"
+
+    # ------------------------------------------------------------------ writing
+    def flush_and_release(self) -> None:
+        self.flush_scheduled = False
+        self.flush(fsync=self.policy == "always")
+        self.on_flushed()
+
+    def flush(self, fsync: bool = False, force: bool = False) -> bool:
+        """Write the buffer (and fsync if asked); False (buffer kept) if writing failed."""
+        if self.buf and self.fd is not None:
+            if (self.policy == "everysec" and self.fsync_running and not force
+                    and not fsync):
+                # A background fsync is in progress: a write() now could block on it.
+                now = time.monotonic()
+                if not self.postponed_since:
+                    self.postponed_since = now
+                if now - self.postponed_since < 2.0:
+                    return True  # kept; the cron flushes again shortly
+                self.delayed_fsync += 1
+            self.postponed_since = 0.0
+            try:
+                write_all(self.fd, self.buf)
+            except OSError as exc:
+                if self.last_write_error is None:
+                    log.warning("aof.write_failed", error=exc.strerror, path=self.path)
+                self.last_write_error = exc.strerror or str(exc)
+                return False
+            if self.last_write_error is not None:
+                log.warning("aof.write_recovered", path=self.path)
+            self.last_write_error = None
+            self.current_size += len(self.buf)
+            self.buf.clear()
+            self.dirty = True
+        if fsync and self.dirty and self.fd is not None:
+            try:
+                os.fsync(self.fd)
+                self.dirty = False
+            except OSError as exc:
+                self.last_write_error = exc.strerror or str(exc)
+                return False
+        return True
+
+    def start_fsync_thread(self) -> None:
+        self.thread = threading.Thread(target=self._fsync_loop, name="aof-fsync",
+                                       daemon=True)
+        self.thread.start()
+
+    def _fsync_loop(self) -> None:
+        while not self.stopping.wait(1.0):
+            if not self.dirty:
+                continue
+            with self.fd_lock:
+                fd = self.fd
+                if fd is None:
+                    continue
+                self.fsync_running = True
+                self.dirty = False
+                try:
+                    os.fsync(fd)
+                except OSError as exc:
+                    self.last_write_error = exc.strerror or str(exc)
+                finally:
+                    self.fsync_running = False
+
+    def set_policy(self, policy: str) -> None:
+        self.flush(fsync=True, force=True)
+        self.policy = policy
+        if policy == "everysec" and self.thread is None:
+            self.start_fsync_thread()
+
+    def close(self) -> None:
+        """Write and fsync what is buffered, stop the thread, close the file."""
+        self.flush(fsync=True, force=True)
+        self.stopping.set()
+        if self.thread is not None:
+            self.thread.join(timeout=5)
+        if self.rewrite is not None:
+            self.rewrite.abort()
+        with self.fd_lock:
+            if self.fd is not None:
+                os.close(self.fd)
+                self.fd = None
+
+    # ------------------------------------------------------------------ rewrite
+    def switch_to(self, new_fd: int, size: int) -> None:
+        """The rewritten file replaced ours: append to it from now on."""
+        with self.fd_lock:
+            old = self.fd
+            self.fd = new_fd
+            if old is not None:
+                os.close(old)
+        self.current_size = self.base_size = size
+        self.dirty = False
+
+
+def write_snapshot(jobs: Any, fd: int, shards: range, with_state: bool = True) -> int:
+    """Write a LOADJOB for every active or queued job in the given registry shards."""
+    out = bytearray()
+    for i in shards:
+        for job in jobs.shard(i).values():
+            if job.state == ACTIVE or job.state == QUEUED:
+                out += loadjob_record(job)
+    if out:
+        write_all(fd, out)
+    return len(out)
+
+
+class Rewrite:
+    """One AOF rewrite from the live registry, in steps on the event loop."""
+
+    def __init__(self, jobs: Any, path: str, temp_path: str, aof: AppendOnlyFile | None,
+                 done: Callable[[bool, str], None]) -> None:
+        self.jobs = jobs
+        self.path = path
+        self.temp_path = temp_path
+        self.aof = aof
+        self.done = done
+        self.cursor = 0
+        self.started = time.monotonic()
+        self.fd = os.open(temp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self.size = 0
+        self.finished = False
+        if aof is not None:
+            aof.rewrite = self
+            aof.rewrite_buf = bytearray()
+
+    def step(self) -> bool:
+        """Write the next batch of shards; True when the rewrite is complete."""
+        n = self.jobs.shard_count()
+        end = min(self.cursor + REWRITE_SHARDS_PER_STEP, n)
+        self.size += write_snapshot(self.jobs, self.fd, range(self.cursor, end))
+        self.cursor = end
+        if end >= n:
+            self.finish()
+            return True
+        return False
+
+    def run_to_end(self) -> None:
+        while not self.finished and not self.step():
+            pass
+
+    def finish(self) -> None:
+        aof = self.aof
+        try:
+            if aof is not None:
+                aof.flush(force=True)  # the old file gets everything logged so far
+                tail = aof.rewrite_buf or b""
+                write_all(self.fd, tail)
+                self.size += len(tail)
+            os.fsync(self.fd)
+            os.rename(self.temp_path, self.path)
+            fsync_dir(self.path)
+        except OSError as exc:
+            self.fail(exc.strerror or str(exc))
+            return
+        self.finished = True
+        if aof is not None:
+            aof.rewrite_buf = None
+            aof.rewrite = None
+            aof.switch_to(self.fd, self.size)
+            aof.last_rewrite_time = int(time.monotonic() - self.started)
+            aof.last_rewrite_ok = True
+        else:
+            os.close(self.fd)
+        self.done(True, "")
+
+    def fail(self, reason: str) -> None:
+        self.abort()
+        self.done(False, reason)
+
+    def abort(self) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        if self.aof is not None:
+            self.aof.rewrite_buf = None
+            self.aof.rewrite = None
+            self.aof.last_rewrite_ok = False
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+        try:
+            os.unlink(self.temp_path)
+        except OSError:
+            pass
