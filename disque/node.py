@@ -182,13 +182,14 @@ class Node:
         return 0
 
     def ensure_memory(self) -> bool:
-        """Before a command that adds memory: evict what is safe at >= 95%, then say whether
-        the command may run (False = answer -OOM)."""
+        """Before a command that adds memory (checklist section 11): above 95% of
+        maxmemory, policy `acks` evicts what is safe to drop; the command may run only if
+        that brings usage back under 95% (`noeviction`: refused at once)."""
         if self.mem_used <= self.mem_evict_at:
             return True
         if self.maxmemory_policy == "acks":
-            self.evict(self.maxmemory * 95 // 100)
-        return self.used_memory() <= self.maxmemory
+            self.evict(self.mem_evict_at)
+        return self.mem_used <= self.mem_evict_at
 
     def evict(self, target: int) -> int:
         """Free acked jobs and already delivered at-most-once jobs (never anything a consumer

@@ -12,12 +12,19 @@ answers `-ERR Protocol error: <text>` and closes the connection.
 
 from __future__ import annotations
 
+import re
+
 import hiredis
 
 from disque.protocol.errors import ProtocolError
 
 INLINE_MAX = 64 * 1024
 MBULK_MAX = 1024 * 1024
+# hiredis allocates a list of the declared size as soon as it reads `*<count>`: a count of
+# a billion is a MemoryError, of a hundred million a 800 MB spike. Any `*` followed by 7+
+# digits (a count that may exceed MBULK_MAX) makes us walk the headers first (rare: only
+# a payload containing such bytes pays for it).
+_BIG_COUNT = re.compile(rb"\*[0-9]{7,}")
 _STAR = 42  # b"*"
 
 
@@ -84,13 +91,20 @@ class HeaderGuard:
             raise ProtocolError("query buffer limit exceeded")
         return -1
 
+    def diagnose(self) -> str:
+        """Redis's text for the header line this guard is still waiting to complete."""
+        line = self.line
+        if self.started and self.args_left and line and line[0] != 36:
+            return "expected '$', got '%s'" % chr(line[0])
+        return "invalid bulk length" if self.started else "invalid multibulk length"
+
     def _header(self, line: bytes) -> bool:
         """Check one header line; True when it completes the request (empty multibulk)."""
         if not self.started:
             if not line or line[0] != _STAR:
                 raise ProtocolError("expected '*', got '%s'" % (chr(line[0]) if line else " "))
             try:
-                count = int(line[1:])
+                count = strict_int(line[1:])
             except ValueError:
                 raise ProtocolError("invalid multibulk length") from None
             if count > MBULK_MAX:
@@ -98,10 +112,16 @@ class HeaderGuard:
             self.started = True
             self.args_left = max(count, 0)
             return self.args_left == 0
+        if line[:1] == b"+":
+            # hiredis takes a status line as an element (it cannot tell it from a bulk), so
+            # the guard does too: the same request must not be refused or run depending on
+            # how it was split into reads.
+            self.args_left -= 1
+            return self.args_left == 0
         if not line or line[0] != 36:  # b"$"
             raise ProtocolError("expected '$', got '%s'" % (chr(line[0]) if line else " "))
         try:
-            n = int(line[1:])
+            n = strict_int(line[1:])
         except ValueError:
             raise ProtocolError("invalid bulk length") from None
         if n < 0 or n > self.max_bulk:
@@ -109,6 +129,14 @@ class HeaderGuard:
         self.args_left -= 1
         self.bulk_left = n + 2
         return False
+
+
+def strict_int(b: bytes) -> int:
+    """Redis's string2ll: optional '-', digits, no leading zeros, no '+' or spaces."""
+    digits = b[1:] if b[:1] == b"-" else b
+    if not digits.isdigit() or len(digits) > 19 or (len(digits) > 1 and digits[0] == 48):
+        raise ValueError(b)
+    return int(b)
 
 
 def split_inline(line: bytes) -> list[bytes] | None:
@@ -217,42 +245,53 @@ class RequestReader:
         r = self._reader
         guard = self._guard
         first = len(reqs)
+        if _BIG_COUNT.search(data) is not None:
+            bad = self._check_counts(data)
+            if bad is not None:
+                # Whole requests before the bad one still run, as Redis does.
+                if bad[0]:
+                    self._feed_multibulk(data[:bad[0]], reqs)
+                self._reset()
+                raise ProtocolError(bad[1])
         r.feed(data)
+        odd = False  # hiredis met something that is not a whole multibulk request
         try:
             while True:
                 req = r.gets()
                 if req is False:
                     break
-                if req.__class__ is not list:
-                    if req is None:  # `*-1`: an empty request, ignored as Redis does
-                        continue
-                    raise ProtocolError("expected '*', got '%s'" % chr(data[0]))
-                for a in req:
-                    if a.__class__ is not bytes:
-                        raise ProtocolError(_bad_element(a))
-                reqs.append(req)
+                if req.__class__ is list and req:
+                    for a in req:
+                        if a.__class__ is not bytes:
+                            raise ProtocolError(_bad_element(a))
+                    reqs.append(req)
+                else:  # `*0`, `*-1`, or a reply-like line such as `+x` / `:1`
+                    odd = True
+                    break
         except hiredis.ProtocolError:
-            self._reader = hiredis.Reader()
-            self._guard = None
-            if guard is not None:
-                guard.feed(data)  # raises with Redis's text for the bad header
-                raise ProtocolError("invalid bulk length") from None
-            rest = data[sum(map(encoded_size, reqs[first:])):]
-            if rest and rest[0] != _STAR:
-                return rest  # an inline command after pipelined multibulk ones
-            HeaderGuard(self.max_bulk, self.max_query).feed(rest)
-            raise ProtocolError("invalid multibulk length") from None
-        # Where did whole requests end? Either the guard knows (it was walking the request
-        # left incomplete by the previous read) or the sizes of the requests parsed tell.
+            odd = True
+        except ProtocolError:
+            self._reset()
+            raise
+        # Where do whole requests end? The guard knows for the request the previous read
+        # left incomplete; the sizes of the requests parsed tell for the rest.
         try:
             if guard is not None:
                 done = guard.feed(data)
                 if done < 0:
+                    if odd:
+                        raise ProtocolError(guard.diagnose())
                     return b""
+                if len(reqs) == first:  # hiredis refused what the guard found well formed
+                    raise ProtocolError("invalid bulk length")
                 first += 1
             else:
                 done = 0
-            done += sum(map(encoded_size, reqs[first:])) if len(reqs) > first else 0
+            if len(reqs) > first:
+                done += sum(map(encoded_size, reqs[first:]))
+            if odd:
+                self._reset()
+                return self._at_boundary(data[done:])
             if done < len(data):
                 guard = self._guard = HeaderGuard(self.max_bulk, self.max_query)
                 if guard.feed(data[done:]) >= 0:  # non-canonical encoding: trust hiredis
@@ -260,10 +299,63 @@ class RequestReader:
             else:
                 self._guard = None
         except ProtocolError:
-            self._reader = hiredis.Reader()
-            self._guard = None
+            self._reset()
             raise
         return b""
+
+    def _check_counts(self, data: bytes) -> tuple[int, str] | None:
+        """Walk every header in `data` (from the request boundary the reader is at) before
+        hiredis allocates for oversized counts; (offset of the bad request, error) or None."""
+        pos = 0
+        guard = self._guard
+        try:
+            if guard is not None:
+                probe = HeaderGuard(guard.max_bulk, guard.max_query)
+                for name in HeaderGuard.__slots__:
+                    setattr(probe, name, getattr(guard, name))
+                end = probe.feed(data)
+                if end < 0:
+                    return None
+                pos = end
+        except ProtocolError as exc:
+            return 0, str(exc)
+        while pos < len(data):
+            if data[pos] != _STAR:
+                return None  # inline: hiredis will not see it
+            try:
+                end = HeaderGuard(self.max_bulk, self.max_query).feed(data[pos:])
+            except ProtocolError as exc:
+                return pos, str(exc)
+            if end < 0:
+                return None
+            pos += end
+        return None
+
+    def _reset(self) -> None:
+        self._reader = hiredis.Reader()
+        self._guard = None
+
+    def _at_boundary(self, rest: bytes) -> bytes:
+        """Bytes at a request boundary that hiredis did not take as a multibulk request:
+        an inline command, an empty multibulk (ignored, as Redis does), or an error."""
+        if not rest or rest[0] != _STAR:
+            return rest
+        nl = rest.find(b"\n")
+        if nl < 0:
+            raise ProtocolError("invalid multibulk length")
+        line = rest[1:nl]
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        try:
+            count = strict_int(line)
+        except ValueError:
+            raise ProtocolError("invalid multibulk length") from None
+        if count > MBULK_MAX:
+            raise ProtocolError("invalid multibulk length")
+        if count <= 0:
+            return rest[nl + 1:]
+        HeaderGuard(self.max_bulk, self.max_query).feed(rest)
+        raise ProtocolError("invalid bulk length")
 
     def _feed_inline(self, data: bytes, reqs: list) -> bytes:
         buf = self._inline + data if self._inline else data
