@@ -92,6 +92,7 @@ class AofManager:
         assert self.server.loop is not None
         self.aof = AppendOnlyFile(self.path, self.cfg.appendfsync, self.server.loop.call_soon,
                                   self.release, wait_rewrite=wait_rewrite)
+        self.aof.no_fsync_on_rewrite = self.cfg.no_appendfsync_on_rewrite
         self.node.persist = self.aof
 
     # ------------------------------------------------------------------ replies for always
@@ -160,7 +161,8 @@ class AofManager:
             return False
         temp = f"temp-rewriteaof-bg-{os.getpid()}.aof"
         try:
-            self.rewrite = Rewrite(self.node.jobs, self.path, temp, self.aof, self._rewrite_done)
+            self.rewrite = Rewrite(self.node.jobs, self.path, temp, self.aof, self._rewrite_done,
+                                   self.cfg.aof_rewrite_incremental_fsync)
         except OSError as exc:
             log.warning("aof.rewrite_failed", error=exc.strerror)
             self.last_bgrewrite_ok = False
@@ -208,7 +210,8 @@ class AofManager:
                 log.warning("aof.rewrite_failed", error=reason)
 
         try:
-            rw = Rewrite(self.node.jobs, self.path, temp, self.aof, done)
+            rw = Rewrite(self.node.jobs, self.path, temp, self.aof, done,
+                         self.cfg.aof_rewrite_incremental_fsync)
             rw.run_to_end()
         except OSError as exc:
             log.warning("aof.rewrite_failed", error=exc.strerror)

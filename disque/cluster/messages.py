@@ -1,0 +1,496 @@
+"""Cluster bus messages: typed records, their msgpack wire form and the frame decoder.
+
+A frame is a 4-byte big-endian payload length followed by one msgpack array:
+
+    [version, type, sender_id, sender_ip, sender_port, sender_bus_port, sender_flags, payload]
+
+`payload` is itself an array whose shape depends on the type (a list of gossip entries for
+PING/PONG/MEET, `[node_id]` for FAIL, ...). Arrays led by a type tag, never string-keyed maps:
+the bus carries every replicated job. `sender_ip` is the sender's announced address or empty
+(the receiver then uses the address it sees the connection come from); `sender_flags` is the
+sender's view of its own flags (see `disque.cluster.nodes`: only LEAVING is meaningful).
+
+Every message is a `__slots__` record holding a shared `Header` and its payload fields.
+Encoding is one `msgpack.packb` of the payload: the array prefix, version and type are
+pre-packed per type and the header fields are packed once per `Header` object (a node builds
+a new Header only when its ID, address or flags change).
+
+Decoding is strict: anything that is not exactly a known message of this version (frame
+length above the limit, truncated or trailing msgpack, wrong field count or type, a node ID
+that is not 40 lowercase hex chars) raises `BusProtocolError` and nothing else; the I/O layer
+closes that link. A `FrameDecoder` that raised stays failed.
+
+Type numbers are the original Disque's (PING 0 ... PAUSE 15). The job messages of the next
+issue (REPLJOB ... PAUSE) have their numbers reserved here; each gets a `Message` subclass
+registered with `@message_type` the same way as the membership messages below.
+
+The optional bus password: the accepting side sends AUTH_CHALLENGE(nonce) as soon as a
+connection is accepted; the connecting side answers AUTH_RESPONSE(HMAC-SHA256(password,
+nonce || its node ID)); the accepting side verifies it (`auth_verify`) before handing any
+other message of that link to the node.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+import struct
+from collections.abc import Callable, Iterable
+from typing import Any, ClassVar, NamedTuple
+
+import msgpack
+
+VERSION = 1
+MAX_FRAME = 64 * 1024 * 1024  # default FrameDecoder limit (bytes of payload)
+
+# ---------------------------------------------------------------------------- type numbers
+PING = 0
+PONG = 1
+MEET = 2
+FAIL = 3
+# Job messages (payloads defined by the replication issue).
+REPLJOB = 4
+GOTJOB = 5
+ENQUEUE = 6
+QUEUED = 7
+SETACK = 8
+WILLQUEUE = 9
+GOTACK = 10
+DELJOB = 11
+NEEDJOBS = 12
+YOURJOBS = 13
+WORKING = 14
+PAUSE = 15
+# Link authentication (cluster-password).
+AUTH_CHALLENGE = 16
+AUTH_RESPONSE = 17
+
+TYPE_NAMES: dict[int, str] = {
+    PING: "ping", PONG: "pong", MEET: "meet", FAIL: "fail",
+    REPLJOB: "repljob", GOTJOB: "gotjob", ENQUEUE: "enqueue", QUEUED: "queued",
+    SETACK: "setack", WILLQUEUE: "willqueue", GOTACK: "gotack", DELJOB: "deljob",
+    NEEDJOBS: "needjobs", YOURJOBS: "yourjobs", WORKING: "working", PAUSE: "pause",
+    AUTH_CHALLENGE: "auth_challenge", AUTH_RESPONSE: "auth_response",
+}
+JOB_TYPES = (REPLJOB, GOTJOB, ENQUEUE, QUEUED, SETACK, WILLQUEUE, GOTACK, DELJOB, NEEDJOBS,
+             YOURJOBS, WORKING, PAUSE)
+
+NONCE_SIZE = 32
+DIGEST_SIZE = 32  # HMAC-SHA256
+MAX_IP_LEN = 64
+
+_packb = msgpack.packb
+_unpackb = msgpack.unpackb
+_LEN = struct.Struct(">I")
+_pack_len = _LEN.pack
+_unpack_len = _LEN.unpack_from
+_IP = re.compile(rb"[\x21-\x7e]{0,%d}" % MAX_IP_LEN)  # printable, no spaces (nodes.conf)
+_MAX_U64 = (1 << 64) - 1
+
+
+class BusProtocolError(Exception):
+    """Bytes on a bus link that are not a valid frame of this protocol version.
+
+    `messages` holds the messages decoded from the same `feed()` call before the bad frame,
+    so the I/O layer may still deliver them before closing the link."""
+
+    def __init__(self, reason: str, messages: list[Message] | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.messages: list[Message] = messages if messages is not None else []
+
+
+# ---------------------------------------------------------------------------- header
+class Header:
+    """Sender fields common to every message. Treat as immutable: the packed form is cached."""
+
+    __slots__ = ("sender", "ip", "port", "bus_port", "flags", "_packed")
+
+    def __init__(self, sender: bytes, ip: bytes, port: int, bus_port: int, flags: int) -> None:
+        self.sender = sender
+        self.ip = ip
+        self.port = port
+        self.bus_port = bus_port
+        self.flags = flags
+        self._packed: bytes | None = None
+
+    def packed(self) -> bytes:
+        p = self._packed
+        if p is None:
+            p = self._packed = (_packb(self.sender) + _packb(self.ip) + _packb(self.port)
+                                + _packb(self.bus_port) + _packb(self.flags))
+        return p
+
+    def _key(self) -> tuple[bytes, bytes, int, int, int]:
+        return (self.sender, self.ip, self.port, self.bus_port, self.flags)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Header) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return (f"Header({self.sender[:8]!r}.., {self.ip!r}, {self.port}, {self.bus_port}, "
+                f"flags={self.flags})")
+
+
+# ---------------------------------------------------------------------------- messages
+_DECODERS: dict[int, type[Message]] = {}
+# fixarray(8), version, type: the first three bytes of every payload.
+_PREFIX: dict[int, bytes] = {t: b"\x98" + _packb(VERSION) + _packb(t) for t in TYPE_NAMES}
+
+
+def message_type(cls: type[Message]) -> type[Message]:
+    """Class decorator: register `cls` as the decoder of `cls.TYPE`."""
+    if cls.TYPE in _DECODERS:
+        raise ValueError(f"bus message type {cls.TYPE} registered twice")
+    _DECODERS[cls.TYPE] = cls
+    return cls
+
+
+class Message:
+    """Base of every bus message: `header` plus the type's payload fields."""
+
+    __slots__ = ("header",)
+    TYPE: ClassVar[int]
+
+    def __init__(self, header: Header) -> None:
+        self.header = header
+
+    def payload(self) -> Any:
+        """The payload as msgpack-packable sequence (packed as one array)."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_payload(cls, header: Header, payload: list[Any]) -> Message:
+        """Build the message from a decoded payload list, validating it (BusProtocolError)."""
+        raise NotImplementedError
+
+    def encode(self) -> bytes:
+        """The complete frame: length prefix + msgpack payload."""
+        header = self.header
+        body = (_PREFIX[self.TYPE] + (header._packed or header.packed())
+                + _packb(self.payload()))
+        return _pack_len(len(body)) + body
+
+    @property
+    def type_name(self) -> str:
+        return TYPE_NAMES[self.TYPE]
+
+    def __eq__(self, other: object) -> bool:
+        return (type(other) is type(self) and self.header == other.header  # type: ignore[attr-defined]
+                and list(self.payload()) == list(other.payload()))  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((self.TYPE, self.header))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.header!r}, {self.payload()!r})"
+
+
+class GossipEntry(NamedTuple):
+    """What the sender knows about one other node (PING/PONG/MEET gossip section)."""
+
+    node_id: bytes
+    ip: bytes
+    port: int
+    bus_port: int
+    flags: int
+    ping_sent: int
+    pong_received: int
+
+
+class _GossipMessage(Message):
+    __slots__ = ("gossip",)
+
+    def __init__(self, header: Header, gossip: list[GossipEntry]) -> None:
+        self.header = header
+        self.gossip = gossip
+
+    def payload(self) -> list[GossipEntry]:
+        return self.gossip
+
+    @classmethod
+    def from_payload(cls, header: Header, payload: list[Any]) -> Message:
+        return cls(header, [_gossip_entry(e) for e in payload])
+
+
+@message_type
+class Ping(_GossipMessage):
+    """A request for a PONG, sent on the sender's outbound link; carries gossip."""
+
+    __slots__ = ()
+    TYPE = PING
+
+
+@message_type
+class Pong(_GossipMessage):
+    """The reply to PING/MEET, on the link the request came on (or broadcast on a change)."""
+
+    __slots__ = ()
+    TYPE = PONG
+
+
+@message_type
+class Meet(_GossipMessage):
+    """Like PING, but the receiver adds an unknown sender to its node table."""
+
+    __slots__ = ()
+    TYPE = MEET
+
+
+@message_type
+class Fail(Message):
+    """The sender's majority decided `node_id` is failing: every receiver marks it FAIL."""
+
+    __slots__ = ("node_id",)
+    TYPE = FAIL
+
+    def __init__(self, header: Header, node_id: bytes) -> None:
+        self.header = header
+        self.node_id = node_id
+
+    def payload(self) -> tuple[bytes]:
+        return (self.node_id,)
+
+    @classmethod
+    def from_payload(cls, header: Header, payload: list[Any]) -> Message:
+        _expect_len(payload, 1, "FAIL")
+        return cls(header, _node_id(payload[0]))
+
+
+@message_type
+class AuthChallenge(Message):
+    """Sent by the accepting side first thing when cluster-password is set."""
+
+    __slots__ = ("nonce",)
+    TYPE = AUTH_CHALLENGE
+
+    def __init__(self, header: Header, nonce: bytes) -> None:
+        self.header = header
+        self.nonce = nonce
+
+    def payload(self) -> tuple[bytes]:
+        return (self.nonce,)
+
+    @classmethod
+    def from_payload(cls, header: Header, payload: list[Any]) -> Message:
+        _expect_len(payload, 1, "AUTH_CHALLENGE")
+        nonce = payload[0]
+        if type(nonce) is not bytes or not 16 <= len(nonce) <= 64:
+            raise BusProtocolError("bad AUTH_CHALLENGE nonce")
+        return cls(header, nonce)
+
+
+@message_type
+class AuthResponse(Message):
+    """The connecting side's answer: HMAC-SHA256(password, nonce || sender node ID)."""
+
+    __slots__ = ("digest",)
+    TYPE = AUTH_RESPONSE
+
+    def __init__(self, header: Header, digest: bytes) -> None:
+        self.header = header
+        self.digest = digest
+
+    def payload(self) -> tuple[bytes]:
+        return (self.digest,)
+
+    @classmethod
+    def from_payload(cls, header: Header, payload: list[Any]) -> Message:
+        _expect_len(payload, 1, "AUTH_RESPONSE")
+        digest = payload[0]
+        if type(digest) is not bytes or len(digest) != DIGEST_SIZE:
+            raise BusProtocolError("bad AUTH_RESPONSE digest")
+        return cls(header, digest)
+
+
+# ---------------------------------------------------------------------------- validation
+def _expect_len(payload: list[Any], n: int, what: str) -> None:
+    if len(payload) != n:
+        raise BusProtocolError(f"{what} payload has {len(payload)} fields, expected {n}")
+
+
+_KNOWN_IDS: set[bytes] = set()  # node IDs already validated (a cluster has few)
+_KNOWN_IDS_MAX = 4096
+
+
+def _node_id(v: Any) -> bytes:
+    if type(v) is bytes and v in _KNOWN_IDS:
+        return v
+    if type(v) is not bytes or len(v) != 40 or v.translate(None, b"0123456789abcdef"):
+        raise BusProtocolError("bad node ID")
+    if len(_KNOWN_IDS) >= _KNOWN_IDS_MAX:
+        _KNOWN_IDS.clear()
+    _KNOWN_IDS.add(v)
+    return v
+
+
+def _ip(v: Any) -> bytes:
+    if type(v) is not bytes or _IP.fullmatch(v) is None:
+        raise BusProtocolError("bad IP address field")
+    return v
+
+
+def _port(v: Any) -> int:
+    if type(v) is not int or not 0 <= v <= 65535:
+        raise BusProtocolError("bad port field")
+    return v
+
+
+def _u64(v: Any) -> int:
+    if type(v) is not int or not 0 <= v <= _MAX_U64:
+        raise BusProtocolError("bad integer field")
+    return v
+
+
+def _gossip_entry(e: Any) -> GossipEntry:
+    if type(e) is not list or len(e) != 7:
+        raise BusProtocolError("bad gossip entry")
+    return GossipEntry(_node_id(e[0]), _ip(e[1]), _port(e[2]), _port(e[3]), _u64(e[4]),
+                       _u64(e[5]), _u64(e[6]))
+
+
+def decode(payload: bytes | bytearray | memoryview) -> Message:
+    """One frame's payload (without the length prefix) -> its message, or BusProtocolError."""
+    try:
+        obj = _unpackb(payload, raw=False)
+    except Exception as e:  # msgpack raises several unrelated types on bad input
+        raise BusProtocolError(f"malformed msgpack: {type(e).__name__}") from None
+    if type(obj) is not list or len(obj) != 8:
+        raise BusProtocolError("a bus message is an 8-element array")
+    version, mtype, sender, ip, port, bus_port, flags, body = obj
+    if type(version) is not int or version != VERSION:
+        raise BusProtocolError(f"unsupported bus protocol version {version!r}")
+    cls = _DECODERS.get(mtype) if type(mtype) is int else None
+    if cls is None:
+        raise BusProtocolError(f"unknown bus message type {mtype!r}")
+    if type(body) is not list:
+        raise BusProtocolError("message payload is not an array")
+    if type(sender) is not bytes or sender not in _KNOWN_IDS:
+        _node_id(sender)
+    if type(ip) is not bytes or (ip and _IP.fullmatch(ip) is None):
+        raise BusProtocolError("bad IP address field")
+    if (type(port) is not int or type(bus_port) is not int or not 0 <= port <= 65535
+            or not 0 <= bus_port <= 65535):
+        raise BusProtocolError("bad port field")
+    if type(flags) is not int or not 0 <= flags <= _MAX_U64:
+        raise BusProtocolError("bad integer field")
+    header = Header(sender, ip, port, bus_port, flags)
+    return cls.from_payload(header, body)
+
+
+def encode_many(msgs: Iterable[Message], stats: BusStats | None = None) -> bytes:
+    """Frames of several messages as one buffer (one write for a batch)."""
+    if stats is None:
+        return b"".join([m.encode() for m in msgs])
+    parts = []
+    for m in msgs:
+        frame = m.encode()
+        stats.sent(m.TYPE, len(frame))
+        parts.append(frame)
+    return b"".join(parts)
+
+
+class FrameDecoder:
+    """Incremental decoder for one link: feed(bytes) -> complete messages.
+
+    Holds at most one partial frame (bounded by `max_frame`). After a BusProtocolError the
+    decoder stays failed: the link must be closed."""
+
+    __slots__ = ("max_frame", "stats", "_buf", "_failed")
+
+    def __init__(self, max_frame: int = MAX_FRAME, stats: BusStats | None = None) -> None:
+        self.max_frame = max_frame
+        self.stats = stats
+        self._buf = bytearray()
+        self._failed = False
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Message]:
+        if self._failed:
+            raise BusProtocolError("decoder already failed")
+        buf = self._buf
+        buf += data
+        out: list[Message] = []
+        pos = 0
+        end_of_data = len(buf)
+        stats = self.stats
+        try:
+            while end_of_data - pos >= 4:
+                (size,) = _unpack_len(buf, pos)
+                if size > self.max_frame:
+                    raise BusProtocolError(f"frame of {size} bytes exceeds the limit of "
+                                           f"{self.max_frame}")
+                if size == 0:
+                    raise BusProtocolError("empty frame")
+                end = pos + 4 + size
+                if end > end_of_data:
+                    break
+                msg = decode(buf[pos + 4:end])
+                if stats is not None:
+                    stats.received(msg.TYPE, size + 4)
+                out.append(msg)
+                pos = end
+        except BusProtocolError as e:
+            self._failed = True
+            buf.clear()
+            e.messages = out
+            raise
+        if pos:
+            del buf[:pos]
+        return out
+
+    @property
+    def pending(self) -> int:
+        """Bytes of an incomplete frame held."""
+        return len(self._buf)
+
+
+# ---------------------------------------------------------------------------- auth
+def make_nonce(randbytes: Callable[[int], bytes] = secrets.token_bytes) -> bytes:
+    return randbytes(NONCE_SIZE)
+
+
+def auth_digest(password: bytes, nonce: bytes, node_id: bytes) -> bytes:
+    """HMAC-SHA256(password, nonce || node_id): the connecting side's AUTH_RESPONSE."""
+    return hmac.new(password, nonce + node_id, hashlib.sha256).digest()
+
+
+def auth_verify(password: bytes, nonce: bytes, node_id: bytes, digest: bytes) -> bool:
+    """Constant-time check of an AUTH_RESPONSE digest for the challenge `nonce`."""
+    return hmac.compare_digest(auth_digest(password, nonce, node_id), digest)
+
+
+# ---------------------------------------------------------------------------- stats
+class BusStats:
+    """Messages and bytes in/out per message type, kept by whoever moves the frames (the
+    asyncio bus, or the simulated network). CLUSTER INFO and INFO read it."""
+
+    __slots__ = ("msgs_sent", "msgs_received", "bytes_sent", "bytes_received")
+
+    def __init__(self) -> None:
+        self.msgs_sent: dict[int, int] = {}
+        self.msgs_received: dict[int, int] = {}
+        self.bytes_sent: dict[int, int] = {}
+        self.bytes_received: dict[int, int] = {}
+
+    def sent(self, mtype: int, nbytes: int) -> None:
+        self.msgs_sent[mtype] = self.msgs_sent.get(mtype, 0) + 1
+        self.bytes_sent[mtype] = self.bytes_sent.get(mtype, 0) + nbytes
+
+    def received(self, mtype: int, nbytes: int) -> None:
+        self.msgs_received[mtype] = self.msgs_received.get(mtype, 0) + 1
+        self.bytes_received[mtype] = self.bytes_received.get(mtype, 0) + nbytes
+
+    def total_sent(self) -> int:
+        return sum(self.msgs_sent.values())
+
+    def total_received(self) -> int:
+        return sum(self.msgs_received.values())
+
+    def reset(self) -> None:
+        for d in (self.msgs_sent, self.msgs_received, self.bytes_sent, self.bytes_received):
+            d.clear()
