@@ -337,13 +337,31 @@ class Node:
         if ctime <= self.last_ctime:
             ctime = self.last_ctime + 1
         self.last_ctime = ctime
-        job = Job(self.ids.new_id(ttl, retry), queue, body, repl, ctime, now + ttl * 1000,
-                  delay, retry, self._self_only)
-        self.register(job)
+        job_id = self.ids.new_id(ttl, retry)
+        job = Job(job_id, queue, body, repl, ctime, now + ttl * 1000, delay, retry,
+                  self._self_only)
+        # register(), inlined: this is the hot path of ADDJOB
+        self._jshards[hash(job_id) & self._jmask][job_id] = job
+        self.jobs._len += 1
+        self.mem_used += JOB_MEMORY + len(body)
         job.state = ACTIVE
         if delay:
             job.qtime = now + delay * 1000
             self.schedule_job(job)
+        elif q is not None and not q.waiters:
+            # enqueue() of a brand-new job into an existing queue nobody waits on, inlined
+            job.state = QUEUED
+            job.flags = F_BCAST_QUEUED
+            q.jobs.add(job)
+            q.jobs_in += 1
+            q.atime = now
+            if retry:
+                job.qtime = (now + retry * 1000 + int(self._random() * 2 * REQUEUE_JITTER)
+                             - REQUEUE_JITTER)
+                self.wheel.schedule(job, job.qtime if job.qtime < job.etime else job.etime)
+            else:
+                job.qtime = 0
+                self.wheel.schedule(job, job.etime)
         else:
             job.qtime = now  # due: the first queueing below
             self.enqueue(job, now)

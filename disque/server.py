@@ -44,8 +44,12 @@ from disque.protocol.reply import NULL3, NULL_ARRAY2, NULL_BULK2, OK
 log = structlog.get_logger("disque")
 
 
+_perf_ns = time.perf_counter_ns
+_time_ns = time.time_ns
+
+
 def wall_ms() -> int:
-    return time.time_ns() // 1_000_000
+    return _time_ns() // 1_000_000
 
 
 class Client(asyncio.Protocol):
@@ -78,7 +82,7 @@ class Client(asyncio.Protocol):
         self.pending: list[list[bytes]] = []
         self.closing = False
         self.monitor = False
-        self.last_cmd = b"NULL"
+        self.last_cmd: Command | None = None
         self.reply_mode = 0  # 0 on, 1 off, 2 skip next
         self.lib_name = b""
         self.lib_ver = b""
@@ -372,8 +376,8 @@ class Server:
             return
         if self.monitors:
             self.feed_monitors(c, argv)
-        c.last_cmd = cmd.name.encode()
-        t0 = time.perf_counter_ns()
+        c.last_cmd = cmd
+        t0 = _perf_ns()
         try:
             cmd.handler(c, argv)
         except CommandError as exc:
@@ -382,7 +386,7 @@ class Server:
             log.exception("command.crash", command=cmd.name)
             c.out.append(b"-ERR internal error while running '" + cmd.name.encode()
                          + b"': " + type(exc).__name__.encode() + b"\r\n")
-        usec = (time.perf_counter_ns() - t0) // 1000
+        usec = (_perf_ns() - t0) // 1000
         cmd.calls += 1
         cmd.usec += usec
         self.stat_commands += 1

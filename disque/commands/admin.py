@@ -283,7 +283,7 @@ def client_info(c: Any, now: float) -> str:
             f"age={int(now - c.ctime)} idle={int(now - c.last_interaction)} flags={flags} "
             f"qbuf=0 qbuf-free=0 obl=0 oll={len(c.out)} "
             f"omem={c.transport.get_write_buffer_size() if c.transport else 0} "
-            f"events=r cmd={c.last_cmd.decode().lower()}")
+            f"events=r cmd={c.last_cmd.name if c.last_cmd else 'NULL'}")
 
 
 CLIENT_SYNTAX = ("Syntax error, try CLIENT (LIST | KILL ip:port | GETNAME | "
