@@ -504,13 +504,14 @@ class Membership:
                 if self._blacklisted(sender_id, now):
                     return
                 ip = h.ip or peer_ip
-                sender = ClusterNode(sender_id, ip, h.port, h.bus_port, h.flags & LEAVING,
-                                     ctime=now)
+                bits = h.flags & LEAVING if ip and h.bus_port else NOADDR
+                sender = ClusterNode(sender_id, ip, h.port, h.bus_port, bits, ctime=now)
                 self.table[sender_id] = sender
                 self._changed()
                 self._log("node.added", node=_sid(sender_id), ip=ip.decode(), port=h.port,
                           via="meet")
-                self._connect(sender, now)
+                if not bits & NOADDR:
+                    self._connect(sender, now)
             elif sender is not None:
                 self._update_address(sender, h.ip or peer_ip, h.port, h.bus_port)
             self.outbox.append(Send(link, Pong(self.header, self._gossip(sender))))

@@ -1,0 +1,257 @@
+"""Bus framing: every message round-trips; bad bytes raise BusProtocolError and nothing else."""
+
+from __future__ import annotations
+
+import struct
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from disque.cluster import messages as bus
+from disque.cluster.messages import (
+    AuthChallenge,
+    AuthResponse,
+    BusProtocolError,
+    BusStats,
+    Fail,
+    FrameDecoder,
+    GossipEntry,
+    Header,
+    Meet,
+    Ping,
+    Pong,
+    auth_digest,
+    auth_verify,
+    decode,
+    encode_many,
+    make_nonce,
+)
+
+NODE_A = b"a" * 40
+NODE_B = b"0123456789abcdef0123456789abcdef01234567"
+
+node_ids = st.text(alphabet="0123456789abcdef", min_size=40, max_size=40).map(str.encode)
+ips = st.sampled_from([b"", b"127.0.0.1", b"10.1.2.3", b"::1", b"fe80::1%eth0",
+                       b"2001:db8::8a2e:370:7334"])
+ports = st.integers(0, 65535)
+u64 = st.integers(0, (1 << 64) - 1)
+headers = st.builds(Header, node_ids, ips, ports, ports, st.integers(0, 255))
+gossip = st.lists(st.builds(GossipEntry, node_ids, ips, ports, ports, st.integers(0, 63), u64,
+                            u64), max_size=12)
+messages = st.one_of(
+    st.builds(Ping, headers, gossip),
+    st.builds(Pong, headers, gossip),
+    st.builds(Meet, headers, gossip),
+    st.builds(Fail, headers, node_ids),
+    st.builds(AuthChallenge, headers, st.binary(min_size=16, max_size=64)),
+    st.builds(AuthResponse, headers, st.binary(min_size=32, max_size=32)),
+)
+
+
+def header() -> Header:
+    return Header(NODE_A, b"", 7711, 17711, 0)
+
+
+def frame(obj: object) -> bytes:
+    payload = msgpack.packb(obj)
+    return struct.pack(">I", len(payload)) + payload
+
+
+def good_fields() -> list:
+    return [1, bus.FAIL, NODE_A, b"", 7711, 17711, 0, [NODE_B]]
+
+
+# ---------------------------------------------------------------------------- round trips
+@given(messages)
+def test_every_message_round_trips(msg: bus.Message) -> None:
+    data = msg.encode()
+    assert struct.unpack(">I", data[:4])[0] == len(data) - 4
+    assert decode(data[4:]) == msg
+    assert FrameDecoder().feed(data) == [msg]
+
+
+@given(st.lists(messages, max_size=8), st.data())
+def test_frames_split_anywhere_decode_in_order(msgs: list[bus.Message],
+                                               data: st.DataObject) -> None:
+    blob = encode_many(msgs)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(blob)), max_size=6)))
+    decoder = FrameDecoder()
+    out: list[bus.Message] = []
+    start = 0
+    for cut in [*cuts, len(blob)]:
+        out += decoder.feed(blob[start:cut])
+        start = cut
+    assert out == msgs
+    assert decoder.pending == 0
+
+
+def test_encode_many_is_the_concatenation_of_frames() -> None:
+    msgs = [Ping(header(), []), Fail(header(), NODE_B), Pong(header(), [])]
+    assert encode_many(msgs) == b"".join(m.encode() for m in msgs)
+    assert encode_many([]) == b""
+
+
+def test_encode_many_and_decoder_count_messages_and_bytes_per_type() -> None:
+    sent, received = BusStats(), BusStats()
+    msgs = [Ping(header(), []), Ping(header(), []), Fail(header(), NODE_B)]
+    blob = encode_many(msgs, stats=sent)
+    FrameDecoder(stats=received).feed(blob)
+    assert sent.msgs_sent == {bus.PING: 2, bus.FAIL: 1}
+    assert received.msgs_received == {bus.PING: 2, bus.FAIL: 1}
+    assert sum(sent.bytes_sent.values()) == len(blob) == sum(received.bytes_received.values())
+    assert sent.total_sent() == 3 and received.total_received() == 3
+
+
+def test_header_is_packed_once_and_reused() -> None:
+    h = header()
+    Ping(h, []).encode()
+    packed = h.packed()
+    Fail(h, NODE_B).encode()
+    assert h.packed() is packed
+
+
+def test_wire_form_is_an_array_led_by_version_and_type() -> None:
+    entry = GossipEntry(NODE_B, b"10.0.0.2", 7712, 17712, 2, 5, 6)
+    data = Ping(Header(NODE_A, b"1.2.3.4", 7711, 17711, 32), [entry]).encode()
+    assert msgpack.unpackb(data[4:]) == [1, bus.PING, NODE_A, b"1.2.3.4", 7711, 17711, 32,
+                                         [[NODE_B, b"10.0.0.2", 7712, 17712, 2, 5, 6]]]
+
+
+def test_type_numbers_are_the_originals_and_job_types_are_reserved() -> None:
+    assert (bus.PING, bus.PONG, bus.MEET, bus.FAIL) == (0, 1, 2, 3)
+    assert tuple(range(4, 16)) == bus.JOB_TYPES
+    assert bus.REPLJOB == 4 and bus.PAUSE == 15 and bus.WORKING == 14
+    assert len(set(bus.TYPE_NAMES)) == len(bus.TYPE_NAMES) == 18
+
+
+# ---------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize("fields, reason", [
+    ([2, *good_fields()[1:]], "version"),
+    ([1, 99, *good_fields()[2:]], "unknown"),
+    ([1, bus.REPLJOB, *good_fields()[2:]], "unknown"),  # reserved, no payload yet
+    ([True, *good_fields()[1:]], "version"),
+    ([1, True, *good_fields()[2:]], "unknown"),
+    (good_fields()[:7], "8-element"),
+    ([*good_fields(), 0], "8-element"),
+    ({"type": 3}, "8-element"),
+    ([1, bus.FAIL, b"A" * 40, *good_fields()[3:]], "node ID"),
+    ([1, bus.FAIL, b"a" * 39, *good_fields()[3:]], "node ID"),
+    ([1, bus.FAIL, "a" * 40, *good_fields()[3:]], "node ID"),
+    ([1, bus.FAIL, NODE_A, b"has space", *good_fields()[4:]], "IP"),
+    ([1, bus.FAIL, NODE_A, b"", 70000, 17711, 0, [NODE_B]], "port"),
+    ([1, bus.FAIL, NODE_A, b"", -1, 17711, 0, [NODE_B]], "port"),
+    ([1, bus.FAIL, NODE_A, b"", 7711, 17711, -5, [NODE_B]], "integer"),
+    ([1, bus.FAIL, NODE_A, b"", 7711, 17711, 1.5, [NODE_B]], "integer"),
+    ([1, bus.FAIL, NODE_A, b"", 7711, 17711, 0, NODE_B], "payload"),
+    ([1, bus.FAIL, NODE_A, b"", 7711, 17711, 0, []], "FAIL payload"),
+    ([1, bus.FAIL, NODE_A, b"", 7711, 17711, 0, [NODE_B, NODE_B]], "FAIL payload"),
+    ([1, bus.PING, NODE_A, b"", 7711, 17711, 0, [[NODE_B]]], "gossip"),
+    ([1, bus.PING, NODE_A, b"", 7711, 17711, 0, [[NODE_B, b"", 1, 2, 3, 4, "x"]]], "integer"),
+    ([1, bus.AUTH_RESPONSE, NODE_A, b"", 7711, 17711, 0, [b"short"]], "digest"),
+    ([1, bus.AUTH_CHALLENGE, NODE_A, b"", 7711, 17711, 0, [b"x"]], "nonce"),
+])
+def test_invalid_messages_are_protocol_errors(fields: object, reason: str) -> None:
+    with pytest.raises(BusProtocolError, match=reason):
+        FrameDecoder().feed(frame(fields))
+
+
+def test_malformed_msgpack_is_a_protocol_error() -> None:
+    good = Fail(header(), NODE_B).encode()
+    for payload in (b"\xc1", good[4:-1], good[4:] + b"\x00", b"\xdb\xff\xff\xff\xff"):
+        with pytest.raises(BusProtocolError, match="malformed msgpack"):
+            FrameDecoder().feed(struct.pack(">I", len(payload)) + payload)
+
+
+def test_oversized_frame_is_refused_from_its_length_alone() -> None:
+    decoder = FrameDecoder(max_frame=1000)
+    with pytest.raises(BusProtocolError, match="exceeds the limit"):
+        decoder.feed(struct.pack(">I", 1001))
+    assert FrameDecoder(max_frame=1000).feed(struct.pack(">I", 1000)) == []
+    with pytest.raises(BusProtocolError, match="exceeds"):
+        FrameDecoder().feed(struct.pack(">I", bus.MAX_FRAME + 1))
+
+
+def test_empty_frame_is_a_protocol_error() -> None:
+    with pytest.raises(BusProtocolError, match="empty"):
+        FrameDecoder().feed(b"\x00\x00\x00\x00")
+
+
+def test_a_failed_decoder_stays_failed_and_keeps_the_messages_before_the_error() -> None:
+    decoder = FrameDecoder()
+    good = Fail(header(), NODE_B)
+    with pytest.raises(BusProtocolError) as info:
+        decoder.feed(good.encode() + frame([9]))
+    assert info.value.messages == [good]
+    with pytest.raises(BusProtocolError, match="already failed"):
+        decoder.feed(good.encode())
+
+
+def test_truncated_frame_waits_for_more_bytes() -> None:
+    data = Ping(header(), [GossipEntry(NODE_B, b"::1", 1, 2, 0, 0, 0)]).encode()
+    decoder = FrameDecoder()
+    for i in range(len(data) - 1):
+        assert decoder.feed(data[i:i + 1]) == []
+    assert decoder.pending == len(data) - 1
+    assert len(decoder.feed(data[-1:])) == 1
+
+
+@settings(max_examples=300)
+@given(st.binary(max_size=300))
+def test_garbage_raises_only_bus_protocol_errors(data: bytes) -> None:
+    decoder = FrameDecoder(max_frame=256)
+    try:
+        decoder.feed(data)
+    except BusProtocolError:
+        pass
+
+
+@settings(max_examples=300)
+@given(messages, st.data())
+def test_corrupted_frames_decode_or_raise_bus_protocol_error(msg: bus.Message,
+                                                             data: st.DataObject) -> None:
+    blob = bytearray(msg.encode())
+    for _ in range(data.draw(st.integers(1, 4))):
+        i = data.draw(st.integers(4, len(blob) - 1))
+        blob[i] = data.draw(st.integers(0, 255))
+    try:
+        out = FrameDecoder().feed(bytes(blob))
+    except BusProtocolError:
+        return
+    for m in out:  # a corruption that still decodes must give a valid message
+        assert decode(m.encode()[4:]) == m
+
+
+@given(messages, st.data())
+def test_truncated_payload_with_its_true_length_is_a_protocol_error(
+        msg: bus.Message, data: st.DataObject) -> None:
+    payload = msg.encode()[4:]
+    cut = data.draw(st.integers(0, len(payload) - 1))
+    if cut == 0:
+        return
+    with pytest.raises(BusProtocolError):
+        FrameDecoder().feed(struct.pack(">I", cut) + payload[:cut])
+
+
+# ---------------------------------------------------------------------------- auth
+def test_auth_digest_verifies_only_with_same_password_nonce_and_node() -> None:
+    nonce = make_nonce(lambda n: b"\x01" * n)
+    assert len(nonce) == bus.NONCE_SIZE
+    digest = auth_digest(b"secret", nonce, NODE_A)
+    assert len(digest) == bus.DIGEST_SIZE
+    assert auth_verify(b"secret", nonce, NODE_A, digest)
+    assert not auth_verify(b"other", nonce, NODE_A, digest)
+    assert not auth_verify(b"secret", b"\x02" * 32, NODE_A, digest)
+    assert not auth_verify(b"secret", nonce, NODE_B, digest)
+    assert not auth_verify(b"secret", nonce, NODE_A, digest[:-1] + b"\x00")
+
+
+def test_auth_messages_carry_nonce_and_digest() -> None:
+    nonce = make_nonce()
+    challenge = FrameDecoder().feed(AuthChallenge(header(), nonce).encode())[0]
+    assert isinstance(challenge, AuthChallenge) and challenge.nonce == nonce
+    digest = auth_digest(b"pw", challenge.nonce, NODE_B)
+    resp = FrameDecoder().feed(AuthResponse(Header(NODE_B, b"", 1, 2, 0), digest).encode())[0]
+    assert isinstance(resp, AuthResponse)
+    assert auth_verify(b"pw", nonce, resp.header.sender, resp.digest)
