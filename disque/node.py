@@ -107,7 +107,7 @@ class Node:
         self._jmask = self.jobs._mask
         self._qshards = self.queues._shards
         self._qmask = self.queues._mask
-        self.default_repl = 1
+        self.membership: Any = None  # cluster.membership.Membership, set by the server
         self.blocked = 0  # clients blocked in GETJOB
         self._self_only = (myself,)
         self._queue_gc_cursor = 0
@@ -121,30 +121,34 @@ class Node:
         self.ids.prefix = b"D-" + myself[:8] + b"-"
 
     # ------------------------------------------------------------------ cluster view
+    # With a Membership (the server always has one) these read the node table; without one
+    # (unit tests of the single-node logic) the node is alone.
     def cluster_size(self) -> int:
-        """Known non-handshake nodes including myself (the cluster issue extends this)."""
-        return 1
+        """Known non-handshake nodes including myself."""
+        m = self.membership
+        return m.size() if m is not None else 1
 
-    def reachable_others(self) -> list[bytes]:
-        return []
+    def reachable_others(self) -> tuple[bytes, ...]:
+        m = self.membership
+        return m.reachable() if m is not None else ()
 
     def is_known_node(self, node_id: bytes) -> bool:
-        return node_id == self.myself
-
-    def default_replicate(self) -> int:
-        return min(3, self.cluster_size())
+        m = self.membership
+        return m.get(node_id) is not None if m is not None else node_id == self.myself
 
     def hello_nodes(self) -> list[ClusterNode]:
-        """Every known node for HELLO and CLUSTER NODES (just myself for now)."""
+        """Every known node for HELLO and CLUSTER NODES."""
+        if self.membership is not None:
+            return self.membership.nodes()
         me = ClusterNode(self.myself, self.my_ip, self.my_port)
         me.flags = ["myself", "leaving"] if self.leaving else ["myself"]
         return [me]
 
     def cluster_info(self) -> list[tuple[str, object]]:
-        known = self.hello_nodes()
-        return [("cluster_state", "ok"), ("cluster_known_nodes", len(known)),
-                ("cluster_reachable_nodes", len(self.reachable_others())),
-                ("cluster_size", self.cluster_size()),
+        if self.membership is not None:
+            return self.membership.cluster_info()
+        return [("cluster_state", "ok"), ("cluster_known_nodes", 1),
+                ("cluster_reachable_nodes", 0), ("cluster_size", 1),
                 ("cluster_stats_messages_sent", 0), ("cluster_stats_messages_received", 0)]
 
     def import_sources(self, q: Queue) -> list[bytes]:
@@ -310,7 +314,11 @@ class Node:
                 ttl: int | None, retry: int | None, delay: int, maxlen: int | None,
                 async_: bool) -> Job:
         """ADDJOB after option parsing: checks 3..7 of the checklist, in order."""
-        repl = self.default_repl if replicate is None else replicate
+        if replicate is None:
+            size = self.membership.size() if self.membership is not None else 1
+            repl = 3 if size >= 3 else size
+        else:
+            repl = replicate
         if ttl is None:
             ttl = DEFAULT_TTL
         if retry is None:
@@ -464,6 +472,8 @@ class Node:
     def set_leaving(self, flag: bool) -> None:
         """CLUSTER LEAVING yes|no; blocked GETJOB clients are told to go elsewhere."""
         self.leaving = flag
+        if self.membership is not None:
+            self.membership.set_leaving(flag)
         if flag:
             for q in list(self.queues.values()):
                 for waiter in list(q.waiters):

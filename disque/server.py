@@ -12,9 +12,11 @@ Everything below this module is sans-I/O: the node gets its clock from here.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import gc
 import logging
 import os
+import random
 import resource
 import signal
 import socket
@@ -28,6 +30,9 @@ import structlog
 from disque import __version__
 from disque.aof.loader import AofLoadError
 from disque.aof.manager import AofManager
+from disque.cluster.bus import Bus
+from disque.cluster.membership import Membership, new_node_id
+from disque.cluster.nodes import NodesConfError, parse_nodes_conf
 from disque.commands import TABLE, Command, load_all, wrong_arity
 from disque.config import Config, ConfigError, load_config, on_set
 from disque.node import Node
@@ -269,13 +274,26 @@ class Server:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.node_id = os.urandom(20).hex().encode()
-        self.node = Node(self.node_id, wall_ms, maxmemory=cfg.maxmemory,
+        rng = random.Random()
+        myself, entries, fresh = load_cluster_config(cfg, rng)
+        self.node_id = myself
+        bind_ip = next((a for a in cfg.bind if a not in ("0.0.0.0", "::", "*")), "")
+        self.membership = Membership(
+            myself, cfg.port, clock=wall_ms, rng=rng, node_timeout=cfg.cluster_node_timeout,
+            bus_port_offset=cfg.cluster_port_offset,
+            announce_ip=cfg.cluster_announce_ip.encode() or None,
+            announce_port=cfg.cluster_announce_port or None, my_ip=bind_ip.encode())
+        self.membership.load(entries)
+        self.node = Node(myself, wall_ms, rng=rng, maxmemory=cfg.maxmemory,
                          maxmemory_policy=cfg.maxmemory_policy,
                          queue_idle_timeout=cfg.queue_idle_timeout)
-        self.node.my_port = cfg.port
-        self.node.my_ip = (cfg.cluster_announce_ip or next(
-            (a for a in cfg.bind if a not in ("0.0.0.0", "::", "*")), "")).encode()
+        self.node.membership = self.membership
+        self.node.leaving = self.membership.leaving
+        self.bus = Bus(self.membership, password=cfg.cluster_password,
+                       save_config=self.save_nodes_conf)
+        if fresh:
+            self.save_nodes_conf(self.membership.nodes_conf())
+        self.bus_handle: asyncio.TimerHandle | None = None
         self.run_id = os.urandom(20).hex()
         self.table = load_all()
         self.lookup: dict[bytes, Command] = {}
@@ -336,6 +354,8 @@ class Server:
         on_set(cfg, "proto-max-bulk-len", set_reader_limits)
         on_set(cfg, "client-query-buffer-limit", set_reader_limits)
         on_set(cfg, "loglevel", lambda c, name: configure_logging(c))
+        on_set(cfg, "cluster-node-timeout",
+               lambda c, name: setattr(self.membership, "node_timeout", c.cluster_node_timeout))
 
     # ------------------------------------------------------------------ dispatch
     def execute(self, c: Client, argv: list[bytes]) -> None:
@@ -521,7 +541,10 @@ class Server:
             if cfg.unixsocketperm:
                 os.chmod(cfg.unixsocket, cfg.unixsocketperm)
             self.listeners.append(srv)
+        if cfg.port:
+            await self.bus.start(cfg.bind, cfg.port + cfg.cluster_port_offset)
         self.cron()
+        self.bus_cron()
         await self.aofm.load_at_start()
 
     def persistence_info(self) -> list[tuple[str, Any]]:
@@ -542,6 +565,7 @@ class Server:
         log.info("server.shutdown", reason="requested", pid=os.getpid())
         for srv in self.listeners:
             srv.close()
+        self.bus.close()
         for c in list(self.clients.values()):
             c.closing = True
             if c.transport is not None:
@@ -554,17 +578,85 @@ class Server:
         assert self.loop is not None
         self.loop.call_soon(self.loop.stop)
 
+    def bus_cron(self) -> None:
+        """The cluster's 100 ms tick (failure detection, pings, handshakes)."""
+        try:
+            self.bus.tick()
+        except Exception:
+            log.exception("bus.tick_crash")
+        assert self.loop is not None
+        self.bus_handle = self.loop.call_later(0.1, self.bus_cron)
+
+    def save_nodes_conf(self, text: str) -> None:
+        """Write nodes.conf atomically (temp file, fsync, rename, fsync of the directory)."""
+        path = os.path.abspath(self.cfg.cluster_config_file)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        try:
+            with open(tmp, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.rename(tmp, path)
+            fd = os.open(os.path.dirname(path), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            log.error("cluster.config_save_failed", path=path, error=exc.strerror)
+            raise
+
     def cluster_reset(self, hard: bool) -> None:
         """CLUSTER RESET: forget other nodes, delete all jobs and queues; HARD also takes a
         new node ID."""
         self.node.flushall()
+        new_id = new_node_id(self.membership.rng) if hard else None
+        self.membership.reset(hard, new_id)
         if hard:
-            self.node_id = os.urandom(20).hex().encode()
+            self.node_id = self.membership.myself
             self.node.set_myself(self.node_id)
+        self.bus.apply()
 
     def rusage(self) -> tuple[resource.struct_rusage, resource.struct_rusage]:
         return (resource.getrusage(resource.RUSAGE_SELF),
                 resource.getrusage(resource.RUSAGE_CHILDREN))
+
+
+_config_lock_fd: int | None = None
+
+
+class ClusterConfigError(Exception):
+    pass
+
+
+def load_cluster_config(cfg: Config, rng: random.Random) -> tuple[bytes, list[Any], bool]:
+    """Read nodes.conf (creating the identity on first start) and lock it for the life of
+    the process, so two servers never share one identity. Returns (my id, other entries,
+    whether the file is new)."""
+    global _config_lock_fd
+    path = os.path.abspath(cfg.cluster_config_file)
+    # The lock lives on a side file: nodes.conf itself is replaced by rename on every save.
+    lock_fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(lock_fd)
+        raise ClusterConfigError(
+            f"Sorry, the cluster configuration file {cfg.cluster_config_file} is already "
+            f"used by a different Disque node.") from None
+    _config_lock_fd = lock_fd
+    try:
+        with open(path) as f:
+            text = f.read()
+    except FileNotFoundError:
+        text = ""
+    if not text.strip():
+        return new_node_id(rng), [], True
+    try:
+        myself, entries = parse_nodes_conf(text)
+    except NodesConfError as exc:
+        raise ClusterConfigError(f"Unrecoverable error: {exc} ({path})") from None
+    return myself, entries, False
 
 
 def _repr_arg(a: bytes) -> bytes:
@@ -670,7 +762,12 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:  # pragma: no cover - uvloop is a hard dependency
         loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
-    server = Server(cfg)
+    try:
+        server = Server(cfg)
+    except ClusterConfigError as exc:
+        print(str(exc), file=sys.stderr)
+        log.error("cluster.config_error", error=str(exc))
+        return 1
     gc.disable()  # see Server.gc_tick
     gc.freeze()
     try:

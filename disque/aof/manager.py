@@ -250,7 +250,11 @@ class AofManager:
         """DEBUG LOADAOF: write what is buffered, forget everything, load the AOF again."""
         if self.aof is not None and not self.aof.flush(fsync=True, force=True):
             return False
-        self.node.flushall()
+        persist, self.node.persist = self.node.persist, None  # clearing memory is not a deletion
+        try:
+            self.node.flushall()
+        finally:
+            self.node.persist = persist
         if not os.path.exists(self.path):
             return True
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import platform
+import socket
 import sys
 import time
 from typing import Any
@@ -170,6 +171,7 @@ def info_sections(server: Any) -> dict[str, list[tuple[str, Any]]]:
         ],
         "Jobs": [("registered_jobs", len(node.jobs))],
         "Queues": [("registered_queues", len(node.queues))],
+        "Cluster": server.membership.info_fields(),
         "Persistence": server.persistence_info(),
         "Stats": [
             ("total_connections_received", server.stat_connections),
@@ -532,9 +534,23 @@ def cmd_cluster(c: Any, argv: list[bytes]) -> None:
         if value not in (b"yes", b"no"):
             raise err("Wrong argument for CLUSTER LEAVING. Use 'yes' or 'no'")
         node.set_leaving(value == b"yes")
+        server.bus.apply()
         c.out.append(OK)
     elif sub == b"nodes" and n == 2:
-        c.out.append(bulk(cluster_nodes(server).encode()))
+        c.out.append(bulk(server.membership.cluster_nodes().encode()))
+    elif sub == b"meet" and n == 4:
+        cluster_meet(server, argv[2], argv[3])
+        c.out.append(OK)
+    elif sub == b"forget" and n == 3:
+        server.membership.forget(argv[2])
+        server.bus.apply()
+        c.out.append(OK)
+    elif sub == b"saveconfig" and n == 2:
+        try:
+            server.save_nodes_conf(server.membership.nodes_conf())
+        except OSError as exc:
+            raise err(f"error saving the cluster node config: {exc.strerror}") from None
+        c.out.append(OK)
     elif sub == b"info" and n == 2:
         info = node.cluster_info()
         text = "".join(f"{k}:{v}\r\n" for k, v in info)
@@ -552,13 +568,21 @@ def cmd_cluster(c: Any, argv: list[bytes]) -> None:
         raise err(CLUSTER_USAGE)
 
 
-def cluster_nodes(server: Any) -> str:
-    lines = []
-    for n in server.node.hello_nodes():
-        flags = ",".join(n.flags) or "noflags"
-        lines.append(f"{n.id.decode()} {n.ip.decode()}:{n.port} {flags} {n.ping_sent} "
-                     f"{n.pong_received} {n.link}\n")
-    return "".join(lines)
+def cluster_meet(server: Any, host: bytes, port_arg: bytes) -> None:
+    """CLUSTER MEET host port: host names are resolved (IPv4 first)."""
+    try:
+        port = parse_int(port_arg)
+    except ValueError:
+        raise err(f"Invalid TCP port specified: {port_arg.decode(errors='replace')}") from None
+    address = host.decode(errors="replace")
+    try:
+        infos = socket.getaddrinfo(address, None, type=socket.SOCK_STREAM)
+        infos.sort(key=lambda i: i[0] != socket.AF_INET)
+        ip = infos[0][4][0]
+    except (OSError, UnicodeError, IndexError):
+        raise err(f"Invalid node address specified: {address}:{port}") from None
+    server.membership.meet(ip.encode(), port)
+    server.bus.apply()
 
 
 @command("bgrewriteaof", 1, "readonly admin")

@@ -13,7 +13,9 @@ import pytest
 from tests.harness import DisqueProcess, wait_for
 from tests.integration.resp import Conn, Status, add, blocked_on, info, node_id
 
-SECTIONS = ["Server", "Clients", "Memory", "Jobs", "Queues", "Persistence", "Stats", "CPU"]
+# Issue 4 adds a Cluster section (the original had none).
+SECTIONS = ["Server", "Clients", "Memory", "Jobs", "Queues", "Cluster", "Persistence", "Stats",
+            "CPU"]
 FIELDS = {
     "Server": ["disque_version", "disque_git_sha1", "disque_git_dirty", "disque_build_id", "os",
                "arch_bits", "multiplexing_api", "gcc_version", "process_id", "run_id",
@@ -25,6 +27,10 @@ FIELDS = {
                "used_memory_peak_human", "mem_fragmentation_ratio", "mem_allocator"],
     "Jobs": ["registered_jobs"],
     "Queues": ["registered_queues"],
+    # a lone node has no bus traffic, so no per-message-type lines yet
+    "Cluster": ["cluster_nodes", "cluster_reachable_nodes", "cluster_failing_nodes",
+                "cluster_leaving_nodes", "cluster_handshake_nodes", "bus_messages_sent",
+                "bus_messages_received", "bus_bytes_sent", "bus_bytes_received"],
     "Persistence": ["loading", "aof_enabled", "aof_state", "aof_rewrite_in_progress",
                     "aof_rewrite_scheduled", "aof_last_rewrite_time_sec",
                     "aof_current_rewrite_time_sec", "aof_last_bgrewrite_status",

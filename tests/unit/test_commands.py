@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from disque.cluster.membership import Membership
 from disque.commands import TABLE, load_all, parse_int
 from disque.config import load_config
 from disque.jobs.job import ACKED, ACTIVE, QUEUED
@@ -74,6 +75,9 @@ class World:
     def __init__(self, tmp_path: Path) -> None:
         self.now = T0
         self.node = Node(MYID, lambda: self.now, rng=random.Random(5))
+        # The real (sans-I/O) node table; its effects are drained by the bus stub below.
+        self.membership = Membership(MYID, 7711, clock=lambda: self.now, rng=random.Random(6))
+        self.node.membership = self.membership
         self.shutdowns: list[bytes] = []
         self.prepared: list[bytes] = []
         self.prepare_ok = True
@@ -95,6 +99,8 @@ class World:
             prepare_shutdown=prepare_shutdown,
             shutdown=lambda **kw: self.shutdowns.append(b"shutdown"),
             cluster_reset=lambda hard: (self.resets.append(hard), self.node.flushall()),
+            membership=self.membership, bus=SimpleNamespace(apply=self.membership.drain),
+            save_nodes_conf=lambda text: None,
         )
         self.c = FakeClient(self.node, self.server)
         self.server.clients[self.c.id] = self.c
@@ -849,7 +855,7 @@ def test_cluster_reset_modes(w, args, hard):
 
 def test_hello_plain_lists_myself(w):
     assert w("HELLO") == (b"*3\r\n:1\r\n" + bulk(MYID) + b"*4\r\n" + bulk(MYID)
-                          + b"$0\r\n\r\n$1\r\n0\r\n$1\r\n1\r\n")
+                          + b"$0\r\n\r\n$4\r\n7711\r\n$1\r\n1\r\n")
 
 
 @pytest.mark.parametrize("args,reply", [

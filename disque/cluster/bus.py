@@ -1,0 +1,300 @@
+"""The cluster bus, asyncio side: a listener on port + cluster-port-offset, one link per
+connection, and the loop that carries out Membership's effects.
+
+Everything the bus decides lives in `membership.Membership` (and, for jobs, the node); this
+module only moves frames. Writes to a link are queued and sent once per loop iteration (many
+messages, one send); a link whose peer stops reading is dropped once its write buffer passes
+a bound, so a stuck peer cannot grow our memory. A malformed, oversized or unauthenticated
+frame closes that link with a log line and nothing else.
+
+With `cluster-password`, the accepting side sends a random challenge and the connecting side
+must answer HMAC-SHA256(password, challenge || its node id) before anything else counts.
+Without it, anyone who can reach the bus port can join: keep it on trusted networks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from disque.cluster.membership import CloseLink, Connect, Log, Membership, SaveConfig, Send
+from disque.cluster.messages import (
+    AUTH_CHALLENGE,
+    AUTH_RESPONSE,
+    FAIL,
+    MEET,
+    PING,
+    PONG,
+    AuthChallenge,
+    AuthResponse,
+    BusProtocolError,
+    FrameDecoder,
+    Message,
+    auth_digest,
+    auth_verify,
+    encode_many,
+    make_nonce,
+)
+
+log = structlog.get_logger("disque.bus")
+
+MEMBERSHIP_TYPES = frozenset((PING, PONG, MEET, FAIL))
+LINK_OUTPUT_LIMIT = 64 * 1024 * 1024  # bytes queued for a peer that does not read
+CONNECT_TIMEOUT_MAX = 5.0  # seconds
+
+
+class BusLink(asyncio.Protocol):
+    """One bus connection, inbound (accepted) or outbound (ours, for our requests)."""
+
+    def __init__(self, bus: Bus, inbound: bool, token: int = 0) -> None:
+        self.bus = bus
+        self.inbound = inbound
+        self.token = token
+        self.transport: Any = None
+        self.decoder = FrameDecoder(bus.max_frame, stats=bus.membership.stats)
+        self.queue: list[Message] = []
+        self.peer_ip = b""
+        self.local_ip = b""
+        self.closed = False
+        self.nonce = b""
+        # "auth": waiting for the peer's AUTH_RESPONSE (inbound) or challenge (outbound)
+        self.state = "open"
+        self.ready: asyncio.Future[bool] | None = None
+
+    def __repr__(self) -> str:
+        side = "in" if self.inbound else "out"
+        return f"<BusLink {side} {self.peer_ip.decode(errors='replace')}>"
+
+    # ------------------------------------------------------------------ asyncio
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        local = transport.get_extra_info("sockname")
+        self.peer_ip = (peer[0] if isinstance(peer, tuple) else "").encode()
+        self.local_ip = (local[0] if isinstance(local, tuple) else "").encode()
+        bus = self.bus
+        if self.inbound:
+            bus.inbound.add(self)
+            if bus.password:
+                self.state = "auth"
+                self.nonce = make_nonce()
+                self.write_now([AuthChallenge(bus.membership.header, self.nonce)])
+            else:
+                bus.membership.link_accepted(self, self.local_ip)
+                bus.apply()
+        elif bus.password:
+            self.state = "auth"
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        bus = self.bus
+        try:
+            msgs = self.decoder.feed(data)
+            error = None
+        except BusProtocolError as exc:
+            msgs = exc.messages
+            error = exc
+        for msg in msgs:
+            if self.closed:
+                return
+            if self.state == "auth":
+                if not self.authenticate(msg):
+                    return
+                continue
+            bus.deliver(self, msg)
+        if error is not None:
+            bus.log_link_error("bus.bad_frame", self, str(error))
+            self.close()
+        bus.apply()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        bus = self.bus
+        bus.inbound.discard(self)
+        bus.pending.discard(self)
+        if self.ready is not None and not self.ready.done():
+            self.ready.set_result(False)
+        if self.state == "open" or self.state == "ready":
+            bus.membership.link_closed(self)
+            bus.apply()
+
+    def pause_writing(self) -> None:
+        pass  # the output bound below decides when a slow peer is dropped
+
+    def resume_writing(self) -> None:
+        pass
+
+    # ------------------------------------------------------------------ auth
+    def authenticate(self, msg: Message) -> bool:
+        bus = self.bus
+        if self.inbound:
+            if (msg.TYPE == AUTH_RESPONSE and auth_verify(bus.password, self.nonce,
+                                                          msg.header.sender, msg.digest)):
+                self.state = "ready"
+                bus.membership.link_accepted(self, self.local_ip)
+                return True
+            bus.log_link_error("bus.auth_refused", self, "bad or missing AUTH_RESPONSE")
+        else:
+            if msg.TYPE == AUTH_CHALLENGE:
+                self.write_now([AuthResponse(bus.membership.header,
+                                             auth_digest(bus.password, msg.nonce,
+                                                         bus.membership.myself))])
+                self.state = "ready"
+                if self.ready is not None and not self.ready.done():
+                    self.ready.set_result(True)
+                return True
+            bus.log_link_error("bus.auth_refused", self, "expected an AUTH_CHALLENGE")
+        self.close()
+        return False
+
+    # ------------------------------------------------------------------ output
+    def send(self, msg: Message) -> None:
+        if self.closed:
+            return
+        if not self.queue:
+            self.bus.pending.add(self)
+        self.queue.append(msg)
+
+    def write_now(self, msgs: list[Message]) -> None:
+        self.transport.write(encode_many(msgs, self.bus.membership.stats))
+
+    def flush(self) -> None:
+        queue = self.queue
+        if not queue or self.closed:
+            return
+        self.queue = []
+        transport = self.transport
+        transport.write(encode_many(queue, self.bus.membership.stats))
+        if transport.get_write_buffer_size() > LINK_OUTPUT_LIMIT:
+            self.bus.log_link_error("bus.slow_peer", self, "output limit reached")
+            self.close()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.queue = []
+        if self.transport is not None:
+            self.transport.abort()
+        bus = self.bus
+        bus.pending.discard(self)
+        if self.state != "auth":
+            bus.membership.link_closed(self)
+
+
+class Bus:
+    """The bus of one node: listener, links, and the effect loop of Membership."""
+
+    def __init__(self, membership: Membership, *, password: str = "",
+                 save_config: Callable[[str], None], deliver_job_message: Callable[..., None]
+                 | None = None, max_frame: int = 64 * 1024 * 1024) -> None:
+        self.membership = membership
+        self.password = password.encode() if password else b""
+        self.save_config = save_config
+        self.deliver_job_message = deliver_job_message
+        self.max_frame = max_frame
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.servers: list[Any] = []
+        self.inbound: set[BusLink] = set()
+        self.pending: set[BusLink] = set()  # links with queued output
+        self.flush_scheduled = False
+        self.error_log: dict[str, float] = {}
+
+    async def start(self, addresses: list[str], port: int) -> None:
+        self.loop = asyncio.get_running_loop()
+        for addr in addresses:
+            srv = await self.loop.create_server(lambda: BusLink(self, inbound=True), addr, port,
+                                                reuse_address=True)
+            self.servers.append(srv)
+
+    def close(self) -> None:
+        for srv in self.servers:
+            srv.close()
+        for link in list(self.inbound):
+            link.close()
+
+    # ------------------------------------------------------------------ events in
+    def deliver(self, link: BusLink, msg: Message) -> None:
+        if msg.TYPE in MEMBERSHIP_TYPES:
+            self.membership.link_message(link, msg, link.peer_ip)
+        elif self.deliver_job_message is not None:
+            self.deliver_job_message(link, msg)
+
+    def tick(self) -> None:
+        self.membership.tick()
+        self.apply()
+
+    # ------------------------------------------------------------------ effects out
+    def apply(self) -> None:
+        """Carry out what Membership asked for, in order."""
+        m = self.membership
+        while m.outbox:
+            for effect in m.drain():
+                kind = effect.__class__
+                if kind is Send:
+                    effect.link.send(effect.msg)
+                elif kind is Connect:
+                    assert self.loop is not None
+                    self.loop.create_task(self.connect(effect))
+                elif kind is CloseLink:
+                    effect.link.close()
+                elif kind is SaveConfig:
+                    self.save_config(m.nodes_conf())
+                elif kind is Log:
+                    log.info(effect.event, **effect.fields)
+        if self.pending and not self.flush_scheduled:
+            self.flush_scheduled = True
+            assert self.loop is not None
+            self.loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Send everything queued this loop iteration, one write per link."""
+        self.flush_scheduled = False
+        pending = self.pending
+        self.pending = set()
+        for link in pending:
+            link.flush()
+
+    async def connect(self, effect: Connect) -> None:
+        m = self.membership
+        assert self.loop is not None
+        timeout = min(CONNECT_TIMEOUT_MAX, max(m.node_timeout / 1000, 0.5))
+        link = BusLink(self, inbound=False, token=effect.token)
+        try:
+            await asyncio.wait_for(
+                self.loop.create_connection(lambda: link, effect.ip.decode(), effect.bus_port),
+                timeout)
+            if self.password:
+                link.ready = self.loop.create_future()
+                ok = await asyncio.wait_for(link.ready, timeout)
+                if not ok:
+                    raise ConnectionError("authentication failed")
+            else:
+                link.state = "ready"
+        except (TimeoutError, OSError, ConnectionError, UnicodeDecodeError) as exc:
+            if link.transport is not None and not link.closed:
+                link.closed = True
+                link.transport.abort()
+            m.connect_failed(effect.token)
+            self.log_link_error("bus.connect_failed", link,
+                                f"{effect.ip.decode(errors='replace')}:{effect.bus_port} "
+                                f"{type(exc).__name__}: {exc}")
+            self.apply()
+            return
+        if link.closed:
+            m.connect_failed(effect.token)
+        else:
+            m.link_connected(link, effect.token)
+        self.apply()
+
+    def log_link_error(self, event: str, link: BusLink, detail: str) -> None:
+        """At most one line per kind of link error every 10 s."""
+        now = os.times().elapsed
+        if now - self.error_log.get(event, -1e9) >= 10:
+            self.error_log[event] = now
+            log.warning(event, peer=link.peer_ip.decode(errors="replace"), detail=detail)
