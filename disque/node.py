@@ -23,15 +23,19 @@ import random
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from disque.cluster.jobs import ClusterJobs, Replication
+from disque.cluster.messages import QUEUED_INCR_DELIV, QUEUED_INCR_NACKS, DelJob, Message
 from disque.cluster.nodes import ClusterNode
 from disque.jobs.ids import IdGenerator, id_is_at_least_once, id_ttl_minutes
 from disque.jobs.job import (
     ACKED,
     ACTIVE,
     F_BCAST_QUEUED,
+    F_BCAST_WILLQUEUE,
     F_DELIVERED,
     F_DUMMY,
     QUEUED,
+    WAIT_REPL,
     Job,
 )
 from disque.protocol.errors import CommandError, err, leaving
@@ -60,13 +64,19 @@ def _no_callback(now: int) -> None:
 class Waiter:
     """A client blocked in GETJOB. The command layer subclasses it to write the replies."""
 
-    __slots__ = ("queues", "timer", "count", "withcounters")
+    __slots__ = ("queues", "timer", "count", "withcounters", "node")
 
     def __init__(self, queues: list[bytes], count: int, withcounters: bool) -> None:
         self.queues = queues
         self.count = count
         self.withcounters = withcounters
         self.timer: Timer | None = None
+        self.node: Any = None
+
+    def cancel(self) -> None:
+        """The client went away."""
+        if self.node is not None:
+            self.node.unblock(self)
 
     def on_jobs(self, jobs: list[Job]) -> None:
         raise NotImplementedError
@@ -78,7 +88,7 @@ class Waiter:
         raise NotImplementedError
 
 
-class Node:
+class Node(ClusterJobs):
     def __init__(self, myself: bytes, clock: Callable[[], int], *,
                  rng: random.Random | None = None,
                  randbytes: Callable[[int], bytes] | None = None,
@@ -108,6 +118,12 @@ class Node:
         self._qshards = self.queues._shards
         self._qmask = self.queues._mask
         self.membership: Any = None  # cluster.membership.Membership, set by the server
+        self.out: list[tuple[bytes, Message]] = []  # bus messages to send: (node id, msg)
+        self.replicating: dict[bytes, Replication] = {}  # sync ADDJOBs waiting for GOTJOB
+        self.waiting_queues: set[Queue] = set()  # queues with blocked GETJOB clients
+        self.importing: set[Queue] = set()  # queues with a recent import rate
+        self._cluster_timer = Timer(self._cluster_tick)
+        self.wheel.schedule(self._cluster_timer, clock() + 100)
         self.blocked = 0  # clients blocked in GETJOB
         self._self_only = (myself,)
         self._queue_gc_cursor = 0
@@ -155,8 +171,6 @@ class Node:
         """Nodes that recently gave us jobs for `q` (QSTAT import-from)."""
         return list(q.needjobs_responders)
 
-    def broadcast_pause(self, name: bytes) -> None:
-        """PAUSE ... bcast: with no other node there is no one to tell."""
 
     # ------------------------------------------------------------------ memory
     @property
@@ -236,6 +250,8 @@ class Node:
         """Delete the job from memory and, if queued, from its queue (spec: UNREGISTER)."""
         if job.state == QUEUED:
             self.dequeue(job)
+        elif job.state == WAIT_REPL and job.id in self.replicating:
+            self.replication_removed(job)
         if self.jobs.pop(job.id) is not None:
             self.mem_used -= JOB_MEMORY + len(job.body or b"")
         job.awake = 0
@@ -276,7 +292,7 @@ class Node:
         q = self._qshards[hash(job.queue) & self._qmask].get(job.queue) \
             or self.create_queue(job.queue, now)
         job.state = QUEUED
-        job.flags |= F_BCAST_QUEUED
+        job.flags = (job.flags | F_BCAST_QUEUED) & ~F_BCAST_WILLQUEUE
         q.jobs.add(job)
         q.jobs_in += 1
         q.atime = now
@@ -329,7 +345,22 @@ class Node:
         if delay >= ttl:
             raise err("The specified DELAY is greater than TTL. Job refused since would "
                       "never be delivered")
-        if repl > 1 and repl - 1 > len(self.reachable_others()):
+        # External replication (checklist section 4): above 75% of maxmemory, or when leaving,
+        # the node keeps no copy. A lone node has nobody to hold it, so it keeps its own.
+        external = False
+        needed = repl - 1
+        reachable: tuple[bytes, ...] = ()
+        if self.membership is not None and self.membership.size() > 1:
+            reachable = self.membership.reachable()
+            if self.leaving or (self.maxmemory and self.mem_used * 4 > self.maxmemory * 3):
+                external = True
+                needed = repl
+        if needed > len(reachable):
+            if external and needed - 1 == len(reachable):
+                why = "I'm leaving the cluster" if self.leaving else "I'm out of memory"
+                raise CommandError("NOREPL", "Not enough reachable nodes for the requested "
+                                   "replication level, since I'm unable to hold a copy of the "
+                                   f"message for the following reason: {why}")
             raise CommandError("NOREPL", "Not enough reachable nodes for the requested "
                                          "replication level")
         q = self._qshards[hash(queue) & self._qmask].get(queue)
@@ -348,6 +379,8 @@ class Node:
         job_id = self.ids.new_id(ttl, retry)
         job = Job(job_id, queue, body, repl, ctime, now + ttl * 1000, delay, retry,
                   self._self_only)
+        if needed:
+            return self._add_replicated(job, reachable, needed, external, async_, now)
         # register(), inlined: this is the hot path of ADDJOB
         self._jshards[hash(job_id) & self._jmask][job_id] = job
         self.jobs._len += 1
@@ -375,6 +408,31 @@ class Node:
             self.enqueue(job, now)
         if self.persist is not None:
             self.persist.loadjob(job)
+        return job
+
+    def _add_replicated(self, job: Job, reachable: tuple[bytes, ...], needed: int,
+                        external: bool, async_: bool, now: int) -> Job:
+        """ADDJOB with copies on other nodes: sync (the job waits in wait-repl and the
+        command layer parks the client with wait_replication) or ASYNC."""
+        targets = self.rng.sample(reachable, needed)
+        job.delivered = (() if external else self._self_only) + tuple(targets)
+        if async_ and external:
+            self.start_replication(job, targets, True, True)  # never registered here
+            return job
+        self.register(job)
+        if async_:
+            job.state = ACTIVE
+            if job.delay:
+                job.qtime = now + job.delay * 1000
+                self.schedule_job(job)
+            else:
+                job.qtime = now
+                self.enqueue(job, now)
+            if self.persist is not None:
+                self.persist.loadjob(job)
+        else:
+            self.schedule_job(job)  # expiry while waiting
+        self.start_replication(job, targets, external, async_)
         return job
 
     def load_job(self, job: Job, enqueue_queued: bool) -> bool:
@@ -426,6 +484,8 @@ class Node:
                     if not now:
                         now = self.clock()
                     jobs.append(self.fetch(q, now))
+                    if not q.jobs and (q.needjobs_responders or q.waiters):
+                        self.need_jobs(q, now, reached_zero=True)
                     got = True
                     if len(jobs) >= count:
                         return jobs
@@ -436,8 +496,14 @@ class Node:
         """Park a GETJOB client on its queues until a job, the timeout, or LEAVING."""
         if self.leaving:
             raise leaving()
+        waiter.node = self
+        now = self.clock()
         for name in waiter.queues:
-            self.create_queue(name).waiters[waiter] = None
+            q = self.create_queue(name, now)
+            q.waiters[waiter] = None
+            self.waiting_queues.add(q)
+            if not q.jobs:
+                self.need_jobs(q, now)
         self.blocked += 1
         if timeout_ms:
             waiter.timer = Timer(lambda now, w=waiter: self._waiter_timeout(w))
@@ -450,6 +516,8 @@ class Node:
             q = self.queues.get(name)
             if q is not None and q.waiters.pop(waiter, 0) is None:
                 removed = True
+                if not q.waiters:
+                    self.waiting_queues.discard(q)
         if removed:
             self.blocked -= 1
         if waiter.timer is not None:
@@ -467,7 +535,10 @@ class Node:
         while q.jobs and waiters and not q.paused & PAUSE_OUT:
             waiter = next(iter(waiters))
             self.unblock(waiter)
-            waiter.on_jobs([self.fetch(q, self.clock())])
+            now = self.clock()
+            waiter.on_jobs([self.fetch(q, now)])
+            if not q.jobs and (q.needjobs_responders or waiters):
+                self.need_jobs(q, now, reached_zero=True)
 
     def set_leaving(self, flag: bool) -> None:
         """CLUSTER LEAVING yes|no; blocked GETJOB clients are told to go elsewhere."""
@@ -475,6 +546,7 @@ class Node:
         if self.membership is not None:
             self.membership.set_leaving(flag)
         if flag:
+            self.leaving_started()
             for q in list(self.queues.values()):
                 for waiter in list(q.waiters):
                     self.unblock(waiter)
@@ -490,20 +562,8 @@ class Node:
         if job.state in (ACTIVE, QUEUED) and self.persist is not None:
             self.persist.deljob(job.id)
         job.state = ACKED
-        job.qtime = 0
-
-    def start_gc(self, job: Job) -> None:
-        """Try to collect an acked job (spec: START-GC). Alone, or when no other node may
-        hold a copy, the job is simply deleted; the cluster issue sends SETACK otherwise."""
-        myself = self.myself
-        if job.flags & F_DUMMY:
-            if self.cluster_size() == 1:
-                self.unregister(job)
-            return
-        # Only nodes we know can confirm; alone (or with copies only on forgotten nodes)
-        # there is nobody to wait for.
-        if all(n == myself or not self.is_known_node(n) for n in job.delivered):
-            self.unregister(job)
+        job.qtime = 0  # for an acked job: the time of the next GC attempt
+        job.gc_retry = 0
 
     def ackjob(self, ids: Iterable[bytes]) -> int:
         known = 0
@@ -531,12 +591,18 @@ class Node:
         self.start_gc(job)
 
     def fastack(self, ids: Iterable[bytes]) -> int:
+        """Delete locally and send a best-effort DELJOB to every node that may have a copy
+        (to every node, for a job we do not know)."""
         known = 0
         for job_id in ids:
             job = self.jobs.get(job_id)
             if job is not None:
                 known += 1
+                if self.others(job):
+                    self.send_to(job.delivered, DelJob(self.header(), job_id))
                 self.delete_job(job)
+            elif self.membership is not None and self.cluster_size() > 1:
+                self.send_to(self.reachable_or_known(), DelJob(self.header(), job_id))
         return known
 
     def deljob(self, ids: Iterable[bytes]) -> int:
@@ -560,8 +626,14 @@ class Node:
                 moved += 1
                 if nack:
                     job.nacks += 1
+                    flags = QUEUED_INCR_NACKS
                 elif requeued:
                     job.deliveries += 1
+                    flags = QUEUED_INCR_DELIV
+                else:
+                    flags = 0
+                if self.membership is not None and (nack or requeued):
+                    self.broadcast_queued(job, flags)
         return moved
 
     def dequeue_jobs(self, ids: Iterable[bytes]) -> int:
@@ -586,7 +658,10 @@ class Node:
             self.dequeue(job)
         if job.retry and job.qtime:
             job.qtime = self.requeue_time(job, now)
+            job.flags &= ~F_BCAST_WILLQUEUE
             self.schedule_job(job)
+        if self.membership is not None:
+            self.broadcast_working(job)
         return job.retry
 
     # ------------------------------------------------------------------ PAUSE
@@ -607,8 +682,17 @@ class Node:
     def schedule_job(self, job: Job) -> None:
         """(Re)arm the job's timer at its next action: requeue, GC retry or expiry."""
         when = job.etime
-        if job.qtime and job.state in (ACTIVE, QUEUED) and job.qtime < when:
-            when = job.qtime
+        qt = job.qtime
+        if qt:
+            state = job.state
+            if state == ACTIVE:
+                if (job.retry and not job.flags & F_BCAST_WILLQUEUE
+                        and (len(job.delivered) > 1 or self.myself not in job.delivered)):
+                    qt -= 500  # WILLQUEUE first
+                if qt < when:
+                    when = qt
+            elif (state in (QUEUED, ACKED)) and qt < when:
+                when = qt
         if job.awake != when:
             self.wheel.schedule(job, when)
 
@@ -633,19 +717,30 @@ class Node:
         if now >= job.etime:
             self.delete_job(job)
             return
-        if job.qtime and now >= job.qtime:
-            if job.state == ACTIVE:
+        qtime = job.qtime
+        state = job.state
+        if qtime and state == ACTIVE:
+            if now >= qtime:
                 q = self.queues.get(job.queue)
                 if job.retry and q is not None and q.paused & PAUSE_IN:
                     job.qtime = self.requeue_time(job, now)
                 else:
-                    requeued = job.flags & F_BCAST_QUEUED
-                    if self.enqueue(job) and requeued:
-                        job.deliveries += 1
-            elif job.state == QUEUED:
-                job.qtime = self.requeue_time(job, now) if job.retry else 0
+                    self.requeue_by_timer(job, now)
+            elif job.retry and not job.flags & F_BCAST_WILLQUEUE and now >= qtime - 500:
+                self.will_queue(job)
+        elif qtime and state == QUEUED and now >= qtime:
+            job.qtime = self.requeue_time(job, now) if job.retry else 0
+        elif qtime and state == ACKED and now >= qtime:
+            self.start_gc(job)
         if self.jobs.get(job.id) is job:
             self.schedule_job(job)
+
+    def _cluster_tick(self, now: int) -> None:
+        self.cluster_cron(now)
+        self.wheel.schedule(self._cluster_timer, now + 100)
+
+    def queues_with_waiters(self) -> list[Queue]:
+        return list(self.waiting_queues)
 
     def _queue_gc(self, now: int) -> None:
         """Evict a sample of empty, idle, unpaused queues with no blocked clients."""
@@ -669,7 +764,9 @@ class Node:
     # ------------------------------------------------------------------ admin
     def flushall(self) -> None:
         """Delete every job and queue (DEBUG FLUSHALL, CLUSTER RESET); blocked clients get
-        a nil reply."""
+        a nil reply, clients waiting on replication -NOREPL."""
+        for rep in list(self.replicating.values()):
+            self.replication_removed(rep.job)
         for q in list(self.queues.values()):
             for waiter in list(q.waiters):
                 self.unblock(waiter)
@@ -680,4 +777,6 @@ class Node:
                 self.persist.deljob(job.id)
         self.jobs.clear()
         self.queues.clear()
+        self.waiting_queues.clear()
+        self.importing.clear()
         self.mem_used = BASE_MEMORY

@@ -130,7 +130,7 @@ class Client(asyncio.Protocol):
         server.clients.pop(self.id, None)
         server.monitors.discard(self)
         if self.waiter is not None:
-            self.node.unblock(self.waiter)
+            self.waiter.cancel()
             self.waiter.client = None  # break the client <-> waiter cycle (see gc policy)
             self.waiter = None
         self.pending = []
@@ -290,7 +290,10 @@ class Server:
         self.node.membership = self.membership
         self.node.leaving = self.membership.leaving
         self.bus = Bus(self.membership, password=cfg.cluster_password,
-                       save_config=self.save_nodes_conf)
+                       save_config=self.save_nodes_conf,
+                       deliver_job_message=self.on_job_message)
+        self.node.on_out = self.schedule_route
+        self.route_scheduled = False
         if fresh:
             self.save_nodes_conf(self.membership.nodes_conf())
         self.bus_handle: asyncio.TimerHandle | None = None
@@ -577,6 +580,37 @@ class Server:
                 pass
         assert self.loop is not None
         self.loop.call_soon(self.loop.stop)
+
+    def on_job_message(self, link: Any, msg: Any) -> None:
+        """A job message arrived on the bus: only members of the cluster are heard."""
+        sender = msg.header.sender
+        n = self.membership.get(sender)
+        if n is None or n.bits & 0x08:  # unknown or still in handshake
+            return
+        self.node.on_message(sender, msg)
+
+    def schedule_route(self) -> None:
+        if not self.route_scheduled:
+            self.route_scheduled = True
+            assert self.loop is not None
+            self.loop.call_soon(self.route_out)
+
+    def route_out(self) -> None:
+        """Hand the node's bus messages to the links, once per loop iteration. The AOF is
+        written (and fsynced under `always`) first: a GOTJOB must not confirm a copy that
+        is not on disk yet."""
+        self.route_scheduled = False
+        out = self.node.out
+        if not out:
+            return
+        self.node.out = []
+        self.aofm.flush_before_send()
+        get = self.membership.get
+        for node_id, msg in out:
+            n = get(node_id)
+            if n is not None and n.out_link is not None:
+                n.out_link.send(msg)
+        self.bus.apply()
 
     def bus_cron(self) -> None:
         """The cluster's 100 ms tick (failure detection, pings, handshakes)."""

@@ -125,6 +125,11 @@ class AofManager:
             if not c.closing:
                 c.flush()
 
+    def flush_before_send(self) -> None:
+        aof = self.aof
+        if aof is not None and aof.buf:
+            aof.flush(fsync=aof.policy == "always")
+
     # ------------------------------------------------------------------ run time
     def _on_appendonly(self, cfg: Any, name: str) -> None:
         if cfg.appendonly and self.aof is None:

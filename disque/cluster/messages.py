@@ -494,3 +494,224 @@ class BusStats:
     def reset(self) -> None:
         for d in (self.msgs_sent, self.msgs_received, self.bytes_sent, self.bytes_received):
             d.clear()
+
+
+# ---------------------------------------------------------------------------- job messages
+# The job state machines of disque/cluster/jobs.py speak these (the spec's names). A job
+# travels as a JobRecord; its expire time is relative ("ms left"), so the nodes' clocks need
+# not agree.
+QUEUED_INCR_NACKS = 1  # QUEUED flags: bump the receiver's nacks counter...
+QUEUED_INCR_DELIV = 2  # ...or its additional-deliveries counter
+
+
+class JobRecord(NamedTuple):
+    id: bytes
+    queue: bytes
+    body: bytes
+    repl: int
+    ttl_ms: int  # milliseconds left before expiry, at the sender
+    ctime: int
+    delay: int
+    retry: int
+    nacks: int
+    deliveries: int
+    delivered: tuple[bytes, ...]
+
+
+def _job_id(v: Any) -> bytes:
+    if type(v) is not bytes or len(v) != 40:
+        raise BusProtocolError("bad job id")
+    return v
+
+
+def _uint(v: Any, what: str) -> int:
+    if type(v) is not int or v < 0:
+        raise BusProtocolError(f"bad {what}")
+    return v
+
+
+def _job_record(v: Any) -> JobRecord:
+    if type(v) is not list or len(v) != 11:
+        raise BusProtocolError("bad job record")
+    jid, queue, body, repl, ttl_ms, ctime, delay, retry, nacks, deliv, delivered = v
+    if type(queue) is not bytes or type(body) is not bytes or type(delivered) is not list:
+        raise BusProtocolError("bad job record fields")
+    return JobRecord(_job_id(jid), queue, body, _uint(repl, "repl"), _uint(ttl_ms, "ttl"),
+                     _uint(ctime, "ctime"), _uint(delay, "delay"), _uint(retry, "retry"),
+                     _uint(nacks, "nacks"), _uint(deliv, "deliveries"),
+                     tuple(_node_id(n) for n in delivered))
+
+
+class _JobIdMessage(Message):
+    """A message about one job: its ID and one small integer (`aux`, 0 when unused)."""
+
+    __slots__ = ("job_id", "aux")
+
+    def __init__(self, header: Header, job_id: bytes, aux: int = 0) -> None:
+        self.header = header
+        self.job_id = job_id
+        self.aux = aux
+
+    def payload(self) -> tuple[bytes, int]:
+        return (self.job_id, self.aux)
+
+    @classmethod
+    def from_payload(cls, header: Header, payload: list[Any]) -> Message:
+        _expect_len(payload, 2, TYPE_NAMES[cls.TYPE])
+        return cls(header, _job_id(payload[0]), _uint(payload[1], "aux"))
+
+
+@message_type
+class GotJob(_JobIdMessage):
+    """Reply to REPLJOB: the sender now holds a copy."""
+
+    __slots__ = ()
+    TYPE = GOTJOB
+
+
+@message_type
+class EnqueueJob(_JobIdMessage):
+    """Queue this job (aux = delay in seconds): sent by a node that kept no copy."""
+
+    __slots__ = ()
+    TYPE = ENQUEUE
+
+
+@message_type
+class Queued(_JobIdMessage):
+    """The sender queued the job (aux = QUEUED_INCR_* flags): postpone your own requeue."""
+
+    __slots__ = ()
+    TYPE = QUEUED
+
+
+@message_type
+class SetAck(_JobIdMessage):
+    """Mark the job acknowledged (aux = how many nodes the sender thinks may have it)."""
+
+    __slots__ = ()
+    TYPE = SETACK
+
+
+@message_type
+class WillQueue(_JobIdMessage):
+    """The sender will requeue the job in 500 ms unless told it is queued or acked."""
+
+    __slots__ = ()
+    TYPE = WILLQUEUE
+
+
+@message_type
+class GotAck(_JobIdMessage):
+    """Reply to SETACK (aux = 1 if the sender knew the job)."""
+
+    __slots__ = ()
+    TYPE = GOTACK
+
+
+@message_type
+class DelJob(_JobIdMessage):
+    """Delete your copy of the job."""
+
+    __slots__ = ()
+    TYPE = DELJOB
+
+
+@message_type
+class WorkingJob(_JobIdMessage):
+    """A consumer is still working on the job: postpone the requeue, dequeue it."""
+
+    __slots__ = ()
+    TYPE = WORKING
+
+
+@message_type
+class ReplJob(Message):
+    """Hold a copy of this job (reply GOTJOB unless `noreply`)."""
+
+    __slots__ = ("job", "noreply")
+    TYPE = REPLJOB
+
+    def __init__(self, header: Header, job: JobRecord, noreply: bool = False) -> None:
+        self.header = header
+        self.job = job
+        self.noreply = noreply
+
+    def payload(self) -> tuple[JobRecord, bool]:
+        return (self.job, self.noreply)
+
+    @classmethod
+    def from_payload(cls, header: Header, payload: list[Any]) -> Message:
+        _expect_len(payload, 2, "REPLJOB")
+        if type(payload[1]) is not bool:
+            raise BusProtocolError("bad REPLJOB flag")
+        return cls(header, _job_record(payload[0]), payload[1])
+
+
+@message_type
+class NeedJobs(Message):
+    """The sender has consumers waiting on `queue`: send up to `count` jobs."""
+
+    __slots__ = ("queue", "count")
+    TYPE = NEEDJOBS
+
+    def __init__(self, header: Header, queue: bytes, count: int) -> None:
+        self.header = header
+        self.queue = queue
+        self.count = count
+
+    def payload(self) -> tuple[bytes, int]:
+        return (self.queue, self.count)
+
+    @classmethod
+    def from_payload(cls, header: Header, payload: list[Any]) -> Message:
+        _expect_len(payload, 2, "NEEDJOBS")
+        if type(payload[0]) is not bytes:
+            raise BusProtocolError("bad NEEDJOBS queue")
+        return cls(header, payload[0], _uint(payload[1], "count"))
+
+
+@message_type
+class YourJobs(Message):
+    """Jobs moved out of the sender's queue, for the receiver to queue."""
+
+    __slots__ = ("jobs",)
+    TYPE = YOURJOBS
+
+    def __init__(self, header: Header, jobs: list[JobRecord]) -> None:
+        self.header = header
+        self.jobs = jobs
+
+    def payload(self) -> tuple[list[JobRecord]]:
+        return (self.jobs,)
+
+    @classmethod
+    def from_payload(cls, header: Header, payload: list[Any]) -> Message:
+        _expect_len(payload, 1, "YOURJOBS")
+        if type(payload[0]) is not list:
+            raise BusProtocolError("bad YOURJOBS list")
+        return cls(header, [_job_record(r) for r in payload[0]])
+
+
+@message_type
+class PauseQueue(Message):
+    """Set the pause state of `queue` (flags: 1 in, 2 out), as PAUSE ... bcast."""
+
+    __slots__ = ("queue", "flags")
+    TYPE = PAUSE
+
+    def __init__(self, header: Header, queue: bytes, flags: int) -> None:
+        self.header = header
+        self.queue = queue
+        self.flags = flags
+
+    def payload(self) -> tuple[bytes, int]:
+        return (self.queue, self.flags)
+
+    @classmethod
+    def from_payload(cls, header: Header, payload: list[Any]) -> Message:
+        _expect_len(payload, 2, "PAUSE")
+        flags = _uint(payload[1], "pause flags")
+        if type(payload[0]) is not bytes or flags > 3:
+            raise BusProtocolError("bad PAUSE payload")
+        return cls(header, payload[0], flags)

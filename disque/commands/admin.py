@@ -160,7 +160,7 @@ def info_sections(server: Any) -> dict[str, list[tuple[str, Any]]]:
             ("client_longest_output_list", max(
                 (len(c.out) for c in clients), default=0)),
             ("client_biggest_input_buf", 0),
-            ("blocked_clients", node.blocked),
+            ("blocked_clients", node.blocked + len(node.replicating)),
         ],
         "Memory": [
             ("used_memory", used), ("used_memory_human", _human(used)),

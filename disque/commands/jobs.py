@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from disque.cluster.jobs import ReplWaiter
 from disque.commands import command, int_arg, parse_int, timeout_arg
 from disque.jobs.ids import is_valid_id
-from disque.jobs.job import F_DUMMY, STATE_BY_NAME, STATE_NAMES, Job
+from disque.jobs.job import ACKED, F_DUMMY, STATE_BY_NAME, STATE_NAMES, WAIT_REPL, Job
 from disque.node import Waiter
 from disque.protocol.errors import CommandError, badid, err, syntax
 from disque.protocol.reply import Status, array_len, encode, integer
@@ -86,9 +87,27 @@ def cmd_addjob(c: Any, argv: list[bytes]) -> None:
             raise syntax()
         i += 2
     timeout = 0 if argv[3] == b"0" else timeout_arg(argv[3])
-    job = c.node.add_job(argv[1], argv[2], timeout, replicate, ttl, retry, delay, maxlen,
-                         async_)
+    node = c.node
+    job = node.add_job(argv[1], argv[2], timeout, replicate, ttl, retry, delay, maxlen, async_)
+    if job.state == WAIT_REPL:
+        waiter = BlockedAddJob(c)
+        node.wait_replication(job, waiter, timeout)
+        c.block(waiter)
+        return
     c.out.append(b"+%b\r\n" % job.id)
+
+
+class BlockedAddJob(ReplWaiter):
+    """A synchronous ADDJOB waiting for its copies (GOTJOB from enough nodes)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def on_added(self, job_id: bytes) -> None:
+        self.client.unblocked(b"+%b\r\n" % job_id)
+
+    def on_error(self, error: CommandError) -> None:
+        self.client.unblocked(error.resp())
 
 
 # ---------------------------------------------------------------------------- GETJOB
@@ -215,7 +234,8 @@ def show_fields(node: Any, job: Job) -> list[Any]:
         b"additional-deliveries", job.deliveries,
         b"nodes-delivered", list(job.delivered),
         b"nodes-confirmed", list(job.confirmed),
-        b"next-requeue-within", max(0, job.qtime - now) if job.qtime else None,
+        b"next-requeue-within",
+        max(0, job.qtime - now) if job.qtime and job.state != ACKED else None,
         b"next-awake-within", max(0, job.awake - now) if job.awake else None,
         b"body", job.body,
     ]

@@ -130,7 +130,6 @@ def test_type_numbers_are_the_originals_and_job_types_are_reserved() -> None:
 @pytest.mark.parametrize("fields, reason", [
     ([2, *good_fields()[1:]], "version"),
     ([1, 99, *good_fields()[2:]], "unknown"),
-    ([1, bus.REPLJOB, *good_fields()[2:]], "unknown"),  # reserved, no payload yet
     ([True, *good_fields()[1:]], "version"),
     ([1, True, *good_fields()[2:]], "unknown"),
     (good_fields()[:7], "8-element"),

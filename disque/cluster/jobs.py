@@ -1,0 +1,662 @@
+"""Jobs across the cluster: the spec's "Disque state machine", sans-I/O.
+
+`ClusterJobs` is a mixin of `disque.node.Node`: it shares the node's registry, queues and
+timers, and adds the handlers of the four state machines, named as in the spec:
+
+- Job replication: ADDJOB with REPLICATE n blocks the client (`start_replication`) until
+  n - 1 other nodes answered GOTJOB to REPLJOB (`on_repljob`, `on_gotjob`); one more node is
+  tried every 50 ms while short (`repl_tick`); the timeout answers -NOREPL and deletes the
+  copies (best effort). External replication (memory above 75%, or LEAVING): the node keeps
+  no copy and asks one confirming node to queue the job (`on_enqueue`).
+- Re-queue: 500 ms before its requeue time an active job announces WILLQUEUE to the nodes
+  that may have it (`on_willqueue`: a node that has it queued answers QUEUED, one that has it
+  acked answers SETACK); requeueing broadcasts QUEUED (`on_queued`), which postpones the
+  others and dequeues duplicates on the node that loses the per-job node-ID comparison.
+- ACK garbage collection: `ack_job`, `start_gc` (SETACK to every holder not yet confirmed,
+  retried with exponential backoff), `on_setack`, `on_gotack`, `on_deljob`; dummy ACKs keep
+  an acknowledgement for an ID this node never had.
+- Federation: a queue with waiting consumers and no jobs asks for jobs (`need_jobs`): ad hoc
+  to recent sources (25 ms doubling to 2 s) and by broadcast (2 s doubling to 30 s);
+  `on_needjobs` answers YOURJOBS with jobs moved out of its queue, `on_yourjobs` queues them.
+
+Effects: messages leave through `self.send` into `self.out` as (node id, message) pairs; the
+server routes them to the nodes' bus links. Nothing here touches a socket or the real clock.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from disque.cluster.messages import (
+    QUEUED_INCR_DELIV,
+    QUEUED_INCR_NACKS,
+    DelJob,
+    EnqueueJob,
+    GotAck,
+    GotJob,
+    JobRecord,
+    Message,
+    NeedJobs,
+    PauseQueue,
+    Queued,
+    ReplJob,
+    SetAck,
+    WillQueue,
+    WorkingJob,
+    YourJobs,
+)
+from disque.jobs.job import (
+    ACKED,
+    ACTIVE,
+    F_BCAST_QUEUED,
+    F_BCAST_WILLQUEUE,
+    F_DUMMY,
+    QUEUED,
+    WAIT_REPL,
+    Job,
+)
+from disque.protocol.errors import CommandError, leaving
+from disque.queues.queue import PAUSE_IN, PAUSE_OUT, Queue
+from disque.timers import Timer
+
+REPL_RETRY_MS = 50  # one more target every 50 ms while a sync ADDJOB is short
+WILLQUEUE_ADVANCE_MS = 500
+GC_BASE_MS = 1000
+GC_MAX_MS = 180_000
+GC_MAX_ATTEMPT = 10
+NEEDJOBS_ADHOC_MS = 25
+NEEDJOBS_ADHOC_MAX_MS = 2000
+NEEDJOBS_BCAST_MS = 2000
+NEEDJOBS_BCAST_MAX_MS = 30_000
+RESPONDER_VALID_MS = 5000
+IMPORT_WINDOW_S = 5
+NEEDJOBS_MIN = 5
+NEEDJOBS_MAX = 100
+CLUSTER_CRON_MS = 100
+
+NOREPL_TIMEOUT = "Timeout reached before replicating to the requested number of nodes"
+NOREPL_REMOVED = "job removed (expired?) before the requested replication level was achieved"
+
+
+class ReplWaiter:
+    """The client of a synchronous ADDJOB. The command layer subclasses it."""
+
+    node: Any = None
+    job_id: bytes = b""
+
+    def cancel(self) -> None:
+        """The client went away: the job is deleted cluster-wide (best effort)."""
+        if self.node is not None:
+            self.node.cancel_replication(self.job_id)
+
+    def on_added(self, job_id: bytes) -> None:
+        raise NotImplementedError
+
+    def on_error(self, error: CommandError) -> None:
+        raise NotImplementedError
+
+
+class Replication:
+    """A job waiting for synchronous replication."""
+
+    __slots__ = ("job", "waiter", "external", "timeout", "tick")
+
+    def __init__(self, job: Job, waiter: ReplWaiter, external: bool) -> None:
+        self.job = job
+        self.waiter = waiter
+        self.external = external
+        self.timeout: Timer | None = None
+        self.tick: Timer | None = None
+
+    def cancel(self) -> None:
+        for timer in (self.timeout, self.tick):
+            if timer is not None:
+                timer.cancel()
+        self.timeout = self.tick = None
+
+
+def job_record(job: Job, now: int) -> JobRecord:
+    """A job as it travels on the bus (expiry relative to the sender's clock)."""
+    return JobRecord(job.id, job.queue or b"", job.body or b"", job.repl,
+                     max(0, job.etime - now), job.ctime, job.delay, job.retry, job.nacks,
+                     job.deliveries, job.delivered)
+
+
+def job_from_record(rec: JobRecord, now: int) -> Job:
+    job = Job(rec.id, rec.queue, rec.body, rec.repl, rec.ctime, now + rec.ttl_ms, rec.delay,
+              rec.retry, rec.delivered)
+    job.nacks = rec.nacks
+    job.deliveries = rec.deliveries
+    job.state = ACTIVE
+    return job
+
+
+def sender_wins(sender: bytes, myself: bytes, job_id: bytes) -> bool:
+    """QUEUED tie-break: True if `sender` beats me for this job, so I dequeue my copy.
+
+    Node IDs are XORed byte-wise with the job ID's random chars (11 + i % 24) before they
+    are compared, so the node that keeps a duplicate differs from job to job.
+    """
+    for i in range(min(len(sender), len(myself))):
+        k = job_id[11 + i % 24]
+        a = sender[i] ^ k
+        b = myself[i] ^ k
+        if a != b:
+            return a > b
+    return False
+
+
+class ClusterJobs:
+    """Mixin of Node: the cluster side of the job state machines."""
+
+    # Attributes provided by Node (declared for readers and type checkers).
+    myself: bytes
+    clock: Any
+    rng: Any
+    membership: Any
+    leaving: bool
+    out: list[tuple[bytes, Message]]
+    replicating: dict[bytes, Replication]
+
+    # ------------------------------------------------------------------ effects
+    def send(self, node_id: bytes, msg: Message) -> None:
+        if not self.out:
+            self.on_out()
+        self.out.append((node_id, msg))
+
+    def send_to(self, node_ids: Any, msg: Message) -> None:
+        """Send to every listed node but myself."""
+        myself = self.myself
+        for n in node_ids:
+            if n != myself:
+                self.send(n, msg)
+
+    def on_out(self) -> None:
+        """Called when the outbox goes from empty to non-empty (the server hooks it)."""
+
+    def header(self) -> Any:
+        return self.membership.header
+
+    def others(self, job: Job) -> list[bytes]:
+        myself = self.myself
+        return [n for n in job.delivered if n != myself]
+
+    # ------------------------------------------------------------------ replication
+    def start_replication(self, job: Job, targets: list[bytes], external: bool,
+                          async_: bool) -> None:
+        """Send REPLJOB for a new job (ADDJOB). Sync: the job waits in wait-repl until
+        `wait_replication` parks its client; async: it is already queued here (unless
+        external) and the copies are best effort."""
+        now = self.clock()
+        rec = job_record(job, now)
+        if async_:
+            msg = ReplJob(self.header(), rec, True)
+            for n in targets:
+                self.send(n, msg)
+            if external:
+                self.send(self.rng.choice(targets), EnqueueJob(self.header(), job.id, job.delay))
+            return
+        job.state = WAIT_REPL
+        job.confirmed = () if external else (self.myself,)
+        msg = ReplJob(self.header(), rec, False)
+        for n in targets:
+            self.send(n, msg)
+
+    def wait_replication(self, job: Job, waiter: ReplWaiter, timeout_ms: int) -> None:
+        """Park the ADDJOB client until the job is replicated, times out, or goes."""
+        external = self.myself not in job.delivered
+        rep = Replication(job, waiter, external)
+        waiter.node = self
+        waiter.job_id = job.id
+        self.replicating[job.id] = rep
+        now = self.clock()
+        if timeout_ms:
+            rep.timeout = Timer(lambda t, jid=job.id: self.repl_timeout(jid))
+            self.wheel.schedule(rep.timeout, now + timeout_ms)
+        rep.tick = Timer(lambda t, jid=job.id: self.repl_tick(jid))
+        self.wheel.schedule(rep.tick, now + REPL_RETRY_MS)
+
+    def repl_tick(self, job_id: bytes) -> None:
+        """TIMER every 50 ms while short of the replication factor: add one more reachable
+        node to `delivered` and re-send REPLJOB (so every holder learns the full list)."""
+        rep = self.replicating.get(job_id)
+        if rep is None:
+            return
+        job = rep.job
+        candidates = [n for n in self.reachable_others() if n not in job.delivered]
+        added = False
+        if candidates:
+            job.delivered = job.delivered + (self.rng.choice(candidates),)
+            added = True
+        now = self.clock()
+        rec = job_record(job, now)
+        for n in self.others(job):
+            if n not in job.confirmed:
+                self.send(n, ReplJob(self.header(), rec, False))
+            elif added:
+                self.send(n, ReplJob(self.header(), rec, True))
+        rep.tick = Timer(lambda t, jid=job_id: self.repl_tick(jid))
+        self.wheel.schedule(rep.tick, now + REPL_RETRY_MS)
+
+    def repl_timeout(self, job_id: bytes) -> None:
+        rep = self.replicating.pop(job_id, None)
+        if rep is None:
+            return
+        rep.cancel()
+        self.delete_everywhere(rep.job)
+        rep.waiter.on_error(CommandError("NOREPL", NOREPL_TIMEOUT))
+
+    def cancel_replication(self, job_id: bytes) -> None:
+        """The ADDJOB client went away: the job is deleted cluster-wide (best effort)."""
+        rep = self.replicating.pop(job_id, None)
+        if rep is not None:
+            rep.cancel()
+            self.delete_everywhere(rep.job)
+
+    def delete_everywhere(self, job: Job) -> None:
+        """Delete locally and ask every node that may hold a copy to delete it."""
+        self.send_to(job.delivered, DelJob(self.header(), job.id))
+        if self.lookup_job(job.id) is job:
+            self.delete_job(job)
+
+    def replication_achieved(self, job: Job) -> None:
+        rep = self.replicating.pop(job.id, None)
+        now = self.clock()
+        if rep is not None:
+            rep.cancel()
+        if rep is not None and rep.external:
+            confirmed = [n for n in job.confirmed if n != self.myself]
+            self.send(self.rng.choice(confirmed), EnqueueJob(self.header(), job.id, job.delay))
+            job.state = ACTIVE  # never logged: the local copy is dropped
+            self.unregister(job)
+        else:
+            job.state = ACTIVE
+            job.confirmed = ()
+            if job.delay:
+                job.qtime = now + job.delay * 1000
+                self.schedule_job(job)
+            else:
+                job.qtime = now
+                self.enqueue(job, now)
+            if self.persist is not None:
+                self.persist.loadjob(job)
+        if rep is not None:
+            rep.waiter.on_added(job.id)
+
+    def replication_removed(self, job: Job) -> None:
+        """A job still waiting for replication disappeared (expiry, DELJOB, flush)."""
+        rep = self.replicating.pop(job.id, None)
+        if rep is not None:
+            rep.cancel()
+            rep.waiter.on_error(CommandError("NOREPL", NOREPL_REMOVED))
+
+    def on_repljob(self, sender: bytes, msg: ReplJob) -> None:
+        """ON RECV REPLJOB: hold a copy (or merge `delivered`) and confirm with GOTJOB."""
+        rec = msg.job
+        if self.memory_level() > 0 or self.leaving:
+            return  # refused: no GOTJOB, the sender will try another node
+        q = self.lookup_queue(rec.queue)
+        if q is not None and q.paused & PAUSE_IN:
+            return
+        now = self.clock()
+        job = self.lookup_job(rec.id)
+        if job is not None:
+            merged = job.delivered + tuple(n for n in rec.delivered if n not in job.delivered)
+            job.delivered = merged
+        else:
+            job = job_from_record(rec, now)
+            if self.myself not in job.delivered:
+                job.delivered = job.delivered + (self.myself,)
+            if job.retry:
+                job.qtime = (now + (job.delay + job.retry) * 1000
+                             + int(self._random() * 500) - 250)
+            self.register(job)
+            self.schedule_job(job)
+            if self.persist is not None:
+                self.persist.loadjob(job)
+        if not msg.noreply:
+            self.send(sender, GotJob(self.header(), job.id))
+
+    def on_gotjob(self, sender: bytes, msg: GotJob) -> None:
+        """ON RECV GOTJOB: count the confirmation; enough of them and the job is added."""
+        job = self.lookup_job(msg.job_id)
+        if job is None or job.state != WAIT_REPL:
+            return
+        if sender not in job.confirmed:
+            job.confirmed = job.confirmed + (sender,)
+            if sender not in job.delivered:
+                job.delivered = job.delivered + (sender,)
+        if len(job.confirmed) >= job.repl:
+            self.replication_achieved(job)
+
+    def on_enqueue(self, sender: bytes, msg: EnqueueJob) -> None:
+        """ON RECV ENQUEUE: the creator kept no copy; queue ours (now or after the delay)."""
+        job = self.lookup_job(msg.job_id)
+        if job is None or job.state not in (WAIT_REPL, ACTIVE):
+            return
+        q = self.lookup_queue(job.queue)
+        if q is not None and q.paused & PAUSE_IN:
+            return
+        now = self.clock()
+        job.state = ACTIVE
+        if msg.aux == 0:
+            job.qtime = now  # allowed exactly once even for an at-most-once job
+            self.enqueue(job, now)
+        else:
+            job.qtime = now + msg.aux * 1000
+            self.schedule_job(job)
+
+    # ------------------------------------------------------------------ re-queue
+    def requeue_by_timer(self, job: Job, now: int) -> None:
+        """TIMER at qtime: queue the job again and tell the other holders (QUEUED)."""
+        requeued = job.flags & F_BCAST_QUEUED or job.id[2:10] != self.myself[:8]
+        if self.enqueue(job, now) and requeued:
+            job.deliveries += 1
+            others = self.others(job)
+            if others:
+                msg = Queued(self.header(), job.id, QUEUED_INCR_DELIV)
+                for n in others:
+                    self.send(n, msg)
+
+    def will_queue(self, job: Job) -> None:
+        """TIMER 500 ms before qtime: WILLQUEUE to every node that may have the job."""
+        job.flags |= F_BCAST_WILLQUEUE
+        self.send_to(job.delivered, WillQueue(self.header(), job.id))
+
+    def on_willqueue(self, sender: bytes, msg: WillQueue) -> None:
+        job = self.lookup_job(msg.job_id)
+        if job is None:
+            return
+        if job.state in (ACTIVE, QUEUED) and sender not in job.delivered:
+            job.delivered = job.delivered + (sender,)
+        if job.state == QUEUED:
+            self.send_to(job.delivered, Queued(self.header(), job.id, 0))
+        elif job.state == ACKED:
+            self.send(sender, SetAck(self.header(), job.id, len(job.delivered)))
+
+    def on_queued(self, sender: bytes, msg: Queued) -> None:
+        """ON RECV QUEUED: someone queued the job; postpone ours, drop a duplicate."""
+        job = self.lookup_job(msg.job_id)
+        if job is None:
+            return
+        if job.state == ACKED:
+            self.send(sender, SetAck(self.header(), job.id, len(job.delivered)))
+            return
+        if job.state == QUEUED and sender_wins(sender, self.myself, job.id):
+            self.dequeue(job)
+        if job.retry and job.qtime:
+            job.qtime = self.requeue_time(job, self.clock())
+            job.flags &= ~F_BCAST_WILLQUEUE
+            self.schedule_job(job)
+        if msg.aux & QUEUED_INCR_NACKS:
+            job.nacks += 1
+        if msg.aux & QUEUED_INCR_DELIV:
+            job.deliveries += 1
+
+    def on_working(self, sender: bytes, msg: WorkingJob) -> None:
+        """ON RECV WORKING: like QUEUED, but always dequeue, and no counters."""
+        job = self.lookup_job(msg.job_id)
+        if job is None or job.state == ACKED:
+            return
+        if job.state == QUEUED:
+            self.dequeue(job)
+        if job.retry and job.qtime:
+            job.qtime = self.requeue_time(job, self.clock())
+            job.flags &= ~F_BCAST_WILLQUEUE
+            self.schedule_job(job)
+
+    def broadcast_queued(self, job: Job, flags: int) -> None:
+        if self.others(job):
+            self.send_to(job.delivered, Queued(self.header(), job.id, flags))
+
+    def broadcast_working(self, job: Job) -> None:
+        if self.others(job):
+            self.send_to(job.delivered, WorkingJob(self.header(), job.id))
+
+    # ------------------------------------------------------------------ ACK GC
+    def start_gc(self, job: Job) -> None:
+        """START-GC: SETACK to every node that may hold the job and has not confirmed; with
+        nobody to ask (alone, or every other holder forgotten) the job is simply deleted.
+        Retried by the job timer with exponential backoff."""
+        myself = self.myself
+        job.confirmed = (myself,)
+        dummy = job.flags & F_DUMMY
+        if dummy:
+            targets = [n for n in self.reachable_or_known() if n != myself]
+        else:
+            targets = [n for n in job.delivered if n != myself and self.is_known_node(n)]
+        if not targets:
+            self.unregister(job)
+            return
+        msg = SetAck(self.header(), job.id, len(job.delivered))
+        for n in targets:
+            self.send(n, msg)
+        now = self.clock()
+        backoff = min(GC_BASE_MS << min(job.gc_retry, GC_MAX_ATTEMPT), GC_MAX_MS)
+        job.qtime = now + backoff + int(self._random() * 500) - 250  # next GC attempt
+        if job.gc_retry < GC_MAX_ATTEMPT:
+            job.gc_retry += 1
+        self.schedule_job(job)
+
+    def reachable_or_known(self) -> list[bytes]:
+        m = self.membership
+        if m is None:
+            return []
+        return [n.id for n in m.nodes() if not n.bits & 0x08]  # not handshake
+
+    def on_setack(self, sender: bytes, msg: SetAck) -> None:
+        """ON RECV SETACK(may-have): ack our copy; GOTACK unless we know of more holders, in
+        which case we run the GC ourselves."""
+        job = self.lookup_job(msg.job_id)
+        if job is None:
+            self.send(sender, GotAck(self.header(), msg.job_id, 0))
+            return
+        if job.state == WAIT_REPL:
+            self.replication_achieved(job)
+            job = self.lookup_job(msg.job_id)
+            if job is None:
+                self.send(sender, GotAck(self.header(), msg.job_id, 0))
+                return
+        self.ack_job(job)
+        may_have = msg.aux
+        if len(job.delivered) <= may_have:
+            self.send(sender, GotAck(self.header(), job.id, 1))
+        else:
+            if may_have == 0:
+                self.send(sender, GotAck(self.header(), job.id, 1))
+            self.start_gc(job)
+
+    def on_gotack(self, sender: bytes, msg: GotAck) -> None:
+        """ON RECV GOTACK(known): collect confirmations; when every holder confirmed,
+        DELJOB to all of them and forget the job."""
+        job = self.lookup_job(msg.job_id)
+        if job is None:
+            return
+        self.ack_job(job)
+        known = msg.aux == 1
+        dummy = job.flags & F_DUMMY
+        if dummy:
+            if known:
+                self.unregister(job)  # somebody holds the real ack: drop our dummy
+                return
+            if sender not in job.confirmed:
+                job.confirmed = job.confirmed + (sender,)
+            if len(job.confirmed) >= self.cluster_size():
+                self.unregister(job)
+            return
+        if known or sender in job.delivered:
+            if sender not in job.delivered:
+                job.delivered = job.delivered + (sender,)
+            if sender not in job.confirmed:
+                job.confirmed = job.confirmed + (sender,)
+        confirmed = job.confirmed
+        if all(n in confirmed or not self.is_known_node(n) for n in job.delivered):
+            self.send_to(job.delivered, DelJob(self.header(), job.id))
+            self.unregister(job)
+
+    def on_deljob(self, sender: bytes, msg: DelJob) -> None:
+        job = self.lookup_job(msg.job_id)
+        if job is not None:
+            self.delete_job(job)
+
+    # ------------------------------------------------------------------ federation
+    def need_jobs(self, q: Queue, now: int, reached_zero: bool = False) -> None:
+        """Ask other nodes for jobs of `q` (NEEDJOBS), within the backoffs."""
+        if self.leaving or self.membership is None or self.cluster_size() < 2:
+            return
+        responders = q.needjobs_responders
+        for n, t in list(responders.items()):
+            if now - t > RESPONDER_VALID_MS:
+                del responders[n]
+        if responders:
+            delay = min(NEEDJOBS_ADHOC_MS << q.needjobs_adhoc_attempt, NEEDJOBS_ADHOC_MAX_MS)
+            if reached_zero or now - q.needjobs_adhoc_time >= delay:
+                count = q.import_rate // len(responders)
+                count = max(NEEDJOBS_MIN, min(NEEDJOBS_MAX, count))
+                msg = NeedJobs(self.header(), q.name, count)
+                for n in responders:
+                    self.send(n, msg)
+                q.needjobs_adhoc_time = now
+                if q.needjobs_adhoc_attempt < 7:
+                    q.needjobs_adhoc_attempt += 1
+        delay = min(NEEDJOBS_BCAST_MS << q.needjobs_bcast_attempt, NEEDJOBS_BCAST_MAX_MS)
+        if now - q.needjobs_bcast_time >= delay:
+            reachable = self.reachable_others()
+            if reachable:
+                msg = NeedJobs(self.header(), q.name, 1)
+                for n in reachable:
+                    self.send(n, msg)
+            q.needjobs_bcast_time = now
+            if q.needjobs_bcast_attempt < 5:
+                q.needjobs_bcast_attempt += 1
+
+    def on_needjobs(self, sender: bytes, msg: NeedJobs) -> None:
+        """ON RECV NEEDJOBS: move some of our queued jobs to the asking node (YOURJOBS)."""
+        q = self.lookup_queue(msg.queue)
+        if q is None or not q.jobs or q.paused & PAUSE_OUT or q.import_rate > 0:
+            return
+        n = len(q.jobs)
+        count = max(msg.count, 1)
+        give = count if n >= 2 * count else max(1, n // 2)
+        now = self.clock()
+        records = []
+        for _ in range(give):
+            job = q.jobs.pop_first()
+            job.state = ACTIVE
+            q.jobs_out += 1
+            if sender not in job.delivered:
+                job.delivered = job.delivered + (sender,)
+            records.append(job_record(job, now))
+            if not job.retry:
+                # An at-most-once job moves: it exists on the wire or at the receiver only.
+                self.delete_job(job)
+        q.atime = now
+        self.send(sender, YourJobs(self.header(), records))
+
+    def on_yourjobs(self, sender: bytes, msg: YourJobs) -> None:
+        """ON RECV YOURJOBS: queue the jobs another node moved to us (no QUEUED broadcast;
+        an at-most-once job is allowed exactly one queueing here)."""
+        now = self.clock()
+        touched: set[Queue] = set()
+        for rec in msg.jobs:
+            job = self.lookup_job(rec.id)
+            if job is None:
+                job = job_from_record(rec, now)
+                if self.myself not in job.delivered:
+                    job.delivered = job.delivered + (self.myself,)
+                self.register(job)
+            elif job.state not in (ACTIVE, WAIT_REPL):
+                if job.state == ACKED:
+                    self.send(sender, SetAck(self.header(), job.id, len(job.delivered)))
+                continue
+            job.state = ACTIVE
+            job.qtime = now
+            q = self.create_queue(job.queue, now)
+            if q.paused & PAUSE_IN:
+                if job.retry:
+                    job.qtime = self.requeue_time(job, now)
+                    self.schedule_job(job)
+                else:
+                    self.enqueue(job, now)  # nowhere else to go: keep the one delivery
+            else:
+                self.enqueue(job, now)
+            new = sender not in q.needjobs_responders
+            q.needjobs_responders[sender] = now
+            if new:
+                q.needjobs_bcast_attempt = 0
+            q.needjobs_adhoc_attempt = 0
+            self.note_import(q, now, 1)
+            self.importing.add(q)
+            touched.add(q)
+
+    def note_import(self, q: Queue, now: int, n: int) -> None:
+        sec = now // 1000
+        samples = q.import_samples
+        if samples and samples[-1][0] == sec:
+            samples[-1] = (sec, samples[-1][1] + n)
+        else:
+            samples.append((sec, n))
+        self.update_import_rate(q, now)
+
+    def update_import_rate(self, q: Queue, now: int) -> None:
+        """Jobs per second imported over the last seconds (0 when the imports stopped)."""
+        sec = now // 1000
+        samples = q.import_samples
+        while samples and samples[0][0] <= sec - IMPORT_WINDOW_S:
+            samples.pop(0)
+        recent = [c for s, c in samples if s >= sec - 1]
+        q.import_rate = sum(recent) // 2 if recent else 0
+        if not samples:
+            q.import_rate = 0
+
+    def cluster_cron(self, now: int) -> None:
+        """Every 100 ms: queues with blocked consumers ask again (within the backoffs);
+        import rates decay."""
+        if self.membership is not None and self.cluster_size() > 1:
+            for q in self.queues_with_waiters():
+                if not q.jobs:
+                    self.need_jobs(q, now)
+            for q in list(self.importing):
+                self.update_import_rate(q, now)
+                if not q.import_samples:
+                    self.importing.discard(q)
+
+    # ------------------------------------------------------------------ PAUSE
+    def broadcast_pause(self, name: bytes) -> None:
+        q = self.lookup_queue(name)
+        flags = q.paused if q is not None else 0
+        self.send_to(self.reachable_others(), PauseQueue(self.header(), name, flags))
+
+    def on_pause(self, sender: bytes, msg: PauseQueue) -> None:
+        self.pause(msg.queue, msg.flags & (PAUSE_IN | PAUSE_OUT))
+
+    # ------------------------------------------------------------------ dispatch
+    def on_message(self, sender: bytes, msg: Message) -> None:
+        """A job message from another node of the cluster."""
+        handler = _HANDLERS.get(type(msg))
+        if handler is not None:
+            handler(self, sender, msg)
+
+    def leaving_started(self) -> None:
+        """CLUSTER LEAVING yes: clients waiting on replication get -LEAVING, copies go."""
+        for rep in list(self.replicating.values()):
+            self.replicating.pop(rep.job.id, None)
+            rep.cancel()
+            self.delete_everywhere(rep.job)
+            rep.waiter.on_error(leaving())
+
+
+_HANDLERS: dict[type, Any] = {
+    ReplJob: ClusterJobs.on_repljob,
+    GotJob: ClusterJobs.on_gotjob,
+    EnqueueJob: ClusterJobs.on_enqueue,
+    Queued: ClusterJobs.on_queued,
+    SetAck: ClusterJobs.on_setack,
+    WillQueue: ClusterJobs.on_willqueue,
+    GotAck: ClusterJobs.on_gotack,
+    DelJob: ClusterJobs.on_deljob,
+    NeedJobs: ClusterJobs.on_needjobs,
+    YourJobs: ClusterJobs.on_yourjobs,
+    WorkingJob: ClusterJobs.on_working,
+    PauseQueue: ClusterJobs.on_pause,
+}
