@@ -19,6 +19,7 @@ Invariants:
 
 from __future__ import annotations
 
+import heapq
 import random
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -55,6 +56,7 @@ QUEUE_GC_SHARDS = 16  # queue-table shards sampled per period
 JOB_MEMORY = 480
 QUEUE_MEMORY = 900
 BASE_MEMORY = 1024 * 1024
+DEDUP_MEMORY = 150
 
 
 def _no_callback(now: int) -> None:
@@ -122,6 +124,9 @@ class Node(ClusterJobs):
         self.replicating: dict[bytes, Replication] = {}  # sync ADDJOBs waiting for GOTJOB
         self.waiting_queues: set[Queue] = set()  # queues with blocked GETJOB clients
         self.importing: set[Queue] = set()  # queues with a recent import rate
+        # ADDJOB ... DEDUP <key>: queue + NUL + key -> (job id, until ms); expiry heap
+        self.dedup: dict[bytes, tuple[bytes, int]] = {}
+        self._dedup_heap: list[tuple[int, bytes]] = []
         self._cluster_timer = Timer(self._cluster_tick)
         self.wheel.schedule(self._cluster_timer, clock() + 100)
         self.blocked = 0  # clients blocked in GETJOB
@@ -468,6 +473,43 @@ class Node(ClusterJobs):
         self.schedule_job(job)
         return True
 
+    # ------------------------------------------------------------------ DEDUP
+    # Idempotent production (ADDJOB ... DEDUP <key>): a producer that retries (a Spark task
+    # attempt, a client after a lost reply) sends the same key; within the job's TTL this
+    # node answers with the first job's ID instead of adding a copy, even after the job was
+    # acked and collected. The memory is per node: a retry must reach the same node.
+    def dedup_lookup(self, queue: bytes, key: bytes) -> bytes | None:
+        entry = self.dedup.get(queue + b"\0" + key)
+        if entry is None:
+            return None
+        if entry[1] <= self.clock():
+            return None
+        return entry[0]
+
+    def dedup_remember(self, queue: bytes, key: bytes, job: Job) -> None:
+        full = queue + b"\0" + key
+        self.dedup[full] = (job.id, job.etime)
+        heapq.heappush(self._dedup_heap, (job.etime, full))
+        self.mem_used += DEDUP_MEMORY + len(full)
+
+    def dedup_forget(self, queue: bytes, key: bytes, job_id: bytes) -> None:
+        """The ADDJOB failed (NOREPL): a retry must be able to add the job."""
+        full = queue + b"\0" + key
+        entry = self.dedup.get(full)
+        if entry is not None and entry[0] == job_id:
+            del self.dedup[full]
+            self.mem_used -= DEDUP_MEMORY + len(full)
+
+    def dedup_expire(self, now: int) -> None:
+        heap = self._dedup_heap
+        dedup = self.dedup
+        while heap and heap[0][0] <= now:
+            until, full = heapq.heappop(heap)
+            entry = dedup.get(full)
+            if entry is not None and entry[1] <= now:
+                del dedup[full]
+                self.mem_used -= DEDUP_MEMORY + len(full)
+
     # ------------------------------------------------------------------ GETJOB
     def get_jobs(self, names: list[bytes], count: int) -> list[Job]:
         """Passes over the queues left to right, one job per queue per pass, until `count`
@@ -743,7 +785,9 @@ class Node(ClusterJobs):
         return list(self.waiting_queues)
 
     def _queue_gc(self, now: int) -> None:
-        """Evict a sample of empty, idle, unpaused queues with no blocked clients."""
+        """Evict a sample of empty, idle, unpaused queues with no blocked clients (and
+        forget expired DEDUP keys)."""
+        self.dedup_expire(now)
         idle_ms = self.queue_idle_timeout * 1000
         level = self.memory_level()
         if level >= 2:
@@ -779,4 +823,6 @@ class Node(ClusterJobs):
         self.queues.clear()
         self.waiting_queues.clear()
         self.importing.clear()
+        self.dedup.clear()
+        self._dedup_heap.clear()
         self.mem_used = BASE_MEMORY

@@ -804,8 +804,17 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     gc.disable()  # see Server.gc_tick
     gc.freeze()
+    # Before start(): the listener answers (even -LOADING) while the AOF loads, so a client
+    # or a test harness may already send SIGTERM.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, server.shutdown)
     try:
         loop.run_until_complete(server.start())
+    except RuntimeError:
+        if not server.shutting_down:
+            raise
+        log.info("server.exit", code=server.exit_code, during="startup")
+        return server.exit_code
     except OSError as exc:
         log.error("server.listen_failed", port=cfg.port, error=str(exc))
         return 1
@@ -819,8 +828,6 @@ def main(argv: list[str] | None = None) -> int:
                 f.write(f"{os.getpid()}\n")
         except OSError as exc:
             log.warning("server.pidfile_failed", path=cfg.pidfile, error=str(exc))
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, server.shutdown)
     log.info("server.start", version=__version__, port=cfg.port, bind=" ".join(cfg.bind),
              pid=os.getpid(), config_file=cfg.config_file or "", node_id=server.node_id.decode(),
              dir=os.getcwd())

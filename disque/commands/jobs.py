@@ -59,7 +59,7 @@ def _ranged(value: bytes, lo: int, hi: int | None, message: str) -> int:
 
 @command("addjob", -4, "write denyoom fast")
 def cmd_addjob(c: Any, argv: list[bytes]) -> None:
-    replicate = ttl = retry = maxlen = None
+    replicate = ttl = retry = maxlen = dedup = None
     delay = 0
     async_ = False
     n = len(argv)
@@ -83,14 +83,25 @@ def cmd_addjob(c: Any, argv: list[bytes]) -> None:
                             "DELAY time must be a non negative number")
         elif opt == b"maxlen":
             maxlen = _ranged(_opt_value(argv, i), 1, None, "MAXLEN must be a positive number")
+        elif opt == b"dedup":
+            dedup = _opt_value(argv, i)
+            if not dedup or len(dedup) > 512:
+                raise err("DEDUP key must be 1 to 512 bytes")
         else:
             raise syntax()
         i += 2
     timeout = 0 if argv[3] == b"0" else timeout_arg(argv[3])
     node = c.node
+    if dedup is not None:
+        known = node.dedup_lookup(argv[1], dedup)
+        if known is not None:  # a retry of an ADDJOB this node already took
+            c.out.append(b"+%b\r\n" % known)
+            return
     job = node.add_job(argv[1], argv[2], timeout, replicate, ttl, retry, delay, maxlen, async_)
+    if dedup is not None:
+        node.dedup_remember(argv[1], dedup, job)
     if job.state == WAIT_REPL:
-        waiter = BlockedAddJob(c)
+        waiter = BlockedAddJob(c, argv[1], dedup)
         node.wait_replication(job, waiter, timeout)
         c.block(waiter)
         return
@@ -100,14 +111,23 @@ def cmd_addjob(c: Any, argv: list[bytes]) -> None:
 class BlockedAddJob(ReplWaiter):
     """A synchronous ADDJOB waiting for its copies (GOTJOB from enough nodes)."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, queue: bytes, dedup: bytes | None) -> None:
         self.client = client
+        self.queue = queue
+        self.dedup = dedup
 
     def on_added(self, job_id: bytes) -> None:
         self.client.unblocked(b"+%b\r\n" % job_id)
 
     def on_error(self, error: CommandError) -> None:
+        if self.dedup is not None and self.node is not None:
+            self.node.dedup_forget(self.queue, self.dedup, self.job_id)
         self.client.unblocked(error.resp())
+
+    def cancel(self) -> None:
+        if self.dedup is not None and self.node is not None:
+            self.node.dedup_forget(self.queue, self.dedup, self.job_id)
+        super().cancel()
 
 
 # ---------------------------------------------------------------------------- GETJOB

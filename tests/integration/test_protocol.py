@@ -308,11 +308,13 @@ def test_client_that_stops_reading_is_disconnected_at_output_limit(make_server) 
         assert admin.cmd("CONFIG", "GET", "client-output-buffer-limit") == [
             b"client-output-buffer-limit", b"normal 1048576 0 0"]
         admin.pipeline([("ADDJOB", "bigq", b"j" * 100_000, "0") for _ in range(30)])
+        accepted = int(info(admin, "stats")["total_connections_received"])
         slow = Conn(node.port, rcvbuf=4096)
         try:
             # 10 x 3 MB of replies, never read
             slow.send(b"".join(encode("QPEEK", "bigq", "30") for _ in range(10)))
-            wait_for(lambda: int(info(admin, "clients")["connected_clients"]) == 1, timeout=30,
+            wait_for(lambda: int(info(admin, "stats")["total_connections_received"]) > accepted
+                     and int(info(admin, "clients")["connected_clients"]) == 1, timeout=30,
                      what="the non-reading client disconnected")
             try:
                 leftover = slow.wait_closed(timeout=20)
@@ -352,7 +354,7 @@ def test_idle_timeout_closes_idle_clients_but_not_blocked_ones(make_server) -> N
         idle.wait_closed(timeout=30)
         assert blocked.nothing_pending()
         with Conn(node.port) as c:
-            assert blocked_on(c, "tq") == 1
+            wait_for(lambda: blocked_on(c, "tq") == 1, timeout=20, what="GETJOB still blocked")
             job_id = add(c, "tq")
         assert blocked.read(timeout=20)[0][1].decode() == job_id
 

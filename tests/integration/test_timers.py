@@ -166,15 +166,28 @@ def test_job_added_after_blocked_client_left_stays_queued(node, conn: Conn, q: s
 
 
 def test_many_blocked_clients_disconnecting_around_their_timeout(node, conn: Conn, q: str) -> None:  # type: ignore[no-untyped-def]
-    base_blocked = int(info(conn, "clients")["blocked_clients"])
+    before = info(conn)
+    base_blocked = int(before["blocked_clients"])
+    base_connected = int(before["connected_clients"])
+    base_accepted = int(before["total_connections_received"])
     for round_ in range(5):
         clients = [Conn(node.port) for _ in range(20)]
         for i, c in enumerate(clients):
             c.send(encode("GETJOB", "TIMEOUT", str(20 + i * 5), "FROM", q, f"{q}-{round_}"))
         for c in clients:
             c.close()
-    wait_for(lambda: int(info(conn, "clients")["blocked_clients"]) == base_blocked, timeout=30,
-             what="no blocked client left")
+
+    def all_gone() -> bool:
+        now = info(conn)
+        # every connection accepted and closed by the server, so none of them can still
+        # be handed a job
+        return (int(now["total_connections_received"]) >= base_accepted + 100
+                and int(now["connected_clients"]) == base_connected
+                and int(now["blocked_clients"]) == base_blocked)
+
+    wait_for(all_gone, timeout=30, what="all 100 clients accepted, closed and unblocked")
+    for name in [q] + [f"{q}-{r}" for r in range(5)]:
+        assert blocked_on(conn, name) == 0, name
     assert conn.call("PING") == b"+PONG\r\n"
     job_id = add(conn, q)
     assert conn.cmd("GETJOB", "NOHANG", "FROM", q)[0][1].decode() == job_id

@@ -891,3 +891,28 @@ def test_ackjob_acks_and_a_lone_node_forgets_the_job(w):
     assert w("SHOW", job_id) == b"$-1\r\n"
     assert w("QLEN", "q") == b":0\r\n"
     assert w("ACKJOB", job_id) == b":0\r\n"
+
+
+def test_addjob_dedup_answers_the_first_id_even_after_the_ack(w):
+    first = w("ADDJOB", "q", "b", "0", "DEDUP", "row-1")
+    assert w("ADDJOB", "q", "b", "0", "DEDUP", "row-1") == first
+    assert w("QLEN", "q") == b":1\r\n"
+    assert w("ADDJOB", "q", "b", "0", "DEDUP", "row-2") != first
+    job_id = first[1:-2]
+    assert w("ACKJOB", job_id.decode()) == b":1\r\n"
+    assert w("ADDJOB", "q", "b", "0", "DEDUP", "row-1") == first
+    assert w("QLEN", "q") == b":1\r\n"  # only row-2's job
+
+
+def test_addjob_dedup_key_is_per_queue_and_expires_with_the_ttl(w):
+    a = w("ADDJOB", "q1", "b", "0", "DEDUP", "k", "TTL", "10")
+    assert w("ADDJOB", "q2", "b", "0", "DEDUP", "k") != a
+    w.now += 11_000
+    w.node.tick(w.now)
+    assert w("ADDJOB", "q1", "b", "0", "DEDUP", "k") != a
+
+
+@pytest.mark.parametrize("key", ["", "x" * 513])
+def test_addjob_dedup_key_must_be_1_to_512_bytes(w, key):
+    assert w("ADDJOB", "q", "b", "0", "DEDUP", key) == \
+        b"-ERR DEDUP key must be 1 to 512 bytes\r\n"
