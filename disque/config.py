@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any
 
+from disque.protocol.reader import split_inline
+
 __all__ = [
     "DIRECTIVES",
     "Config",
@@ -506,9 +508,6 @@ def _directive(name: str) -> Directive | None:
 
 # -- quoting --------------------------------------------------------------------------------------
 
-_SPACE = " \t\n\v\f\r"        # skipped between arguments (C isspace)
-_TOKEN_END = " \n\r\t\0"      # ends an unquoted argument
-_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "b": "\b", "a": "\a"}
 _HEX = "0123456789abcdefABCDEF"
 
 
@@ -516,60 +515,14 @@ def split_args(line: str) -> list[str] | None:
     """Split a config line into arguments like Redis sdssplitargs; None on unbalanced quotes.
 
     "double quotes" understand \\n \\r \\t \\b \\a and \\xNN escapes, 'single quotes' only \\'.
-    A closing quote must be followed by a space or the end of the line.
+    A closing quote must be followed by a space or the end of the line. The same splitter
+    parses inline requests (disque.protocol.reader.split_inline); bytes that are not UTF-8
+    survive the round trip (surrogateescape).
     """
-    args: list[str] = []
-    i, n = 0, len(line)
-    while True:
-        while i < n and line[i] in _SPACE:
-            i += 1
-        if i >= n:
-            return args
-        cur: list[str] = []
-        inq = insq = False
-        while True:
-            c = line[i] if i < n else ""
-            if inq:
-                if not c:
-                    return None
-                if (c == "\\" and i + 3 < n and line[i + 1] == "x"
-                        and line[i + 2] in _HEX and line[i + 3] in _HEX):
-                    cur.append(chr(int(line[i + 2:i + 4], 16)))
-                    i += 3
-                elif c == "\\" and i + 1 < n:
-                    i += 1
-                    cur.append(_ESCAPES.get(line[i], line[i]))
-                elif c == '"':
-                    if i + 1 < n and line[i + 1] not in _SPACE:
-                        return None
-                    i += 1
-                    break
-                else:
-                    cur.append(c)
-            elif insq:
-                if not c:
-                    return None
-                if c == "\\" and i + 1 < n and line[i + 1] == "'":
-                    i += 1
-                    cur.append("'")
-                elif c == "'":
-                    if i + 1 < n and line[i + 1] not in _SPACE:
-                        return None
-                    i += 1
-                    break
-                else:
-                    cur.append(c)
-            else:
-                if not c or c in _TOKEN_END:
-                    break
-                if c == '"':
-                    inq = True
-                elif c == "'":
-                    insq = True
-                else:
-                    cur.append(c)
-            i += 1
-        args.append("".join(cur))
+    args = split_inline(line.encode("utf-8", "surrogateescape"))
+    if args is None:
+        return None
+    return [a.decode("utf-8", "surrogateescape") for a in args]
 
 
 def _quote(token: str) -> str:

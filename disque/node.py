@@ -125,6 +125,8 @@ class Node(ClusterJobs):
         self.waiting_queues: set[Queue] = set()  # queues with blocked GETJOB clients
         self.importing: set[Queue] = set()  # queues with a recent import rate
         # ADDJOB ... DEDUP <key>: queue + NUL + key -> (job id, until ms); expiry heap
+        # NEEDJOBS that found nothing: queue -> {node: (until ms, count)} (cluster/jobs.py)
+        self.needers: dict[bytes, dict[bytes, tuple[int, int]]] = {}
         self.dedup: dict[bytes, tuple[bytes, int]] = {}
         self._dedup_heap: list[tuple[int, bytes]] = []
         self._cluster_timer = Timer(self._cluster_tick)
@@ -305,6 +307,8 @@ class Node(ClusterJobs):
         self.schedule_job(job)
         if q.waiters and not q.paused & PAUSE_OUT:
             self.serve_waiters(q)
+        elif self.needers:
+            self.serve_needers(q, now)
         return True
 
     def dequeue(self, job: Job) -> bool:
@@ -394,7 +398,7 @@ class Node(ClusterJobs):
         if delay:
             job.qtime = now + delay * 1000
             self.schedule_job(job)
-        elif q is not None and not q.waiters:
+        elif q is not None and not q.waiters and not self.needers:
             # enqueue() of a brand-new job into an existing queue nobody waits on, inlined
             job.state = QUEUED
             job.flags = F_BCAST_QUEUED
@@ -426,19 +430,24 @@ class Node(ClusterJobs):
             return job
         self.register(job)
         if async_:
-            job.state = ACTIVE
-            if job.delay:
-                job.qtime = now + job.delay * 1000
-                self.schedule_job(job)
-            else:
-                job.qtime = now
-                self.enqueue(job, now)
-            if self.persist is not None:
-                self.persist.loadjob(job)
+            self.activate(job, now)
         else:
             self.schedule_job(job)  # expiry while waiting
         self.start_replication(job, targets, external, async_)
         return job
+
+    def activate(self, job: Job, now: int) -> None:
+        """A new job with its copies made (or not needed): queue it, or wait out its
+        DELAY; log it to the AOF."""
+        job.state = ACTIVE
+        if job.delay:
+            job.qtime = now + job.delay * 1000
+            self.schedule_job(job)
+        else:
+            job.qtime = now
+            self.enqueue(job, now)
+        if self.persist is not None:
+            self.persist.loadjob(job)
 
     def load_job(self, job: Job, enqueue_queued: bool) -> bool:
         """Restore a job read from the AOF (a LOADJOB record); False if it is skipped.
@@ -604,8 +613,11 @@ class Node(ClusterJobs):
         if job.state in (ACTIVE, QUEUED) and self.persist is not None:
             self.persist.deljob(job.id)
         job.state = ACKED
-        job.qtime = 0  # for an acked job: the time of the next GC attempt
         job.gc_retry = 0
+        # An acked job always has a GC attempt ahead (qtime, for an acked job): if the node
+        # driving the collection dies before its DELJOB arrives, this copy still goes.
+        job.qtime = self.clock() + 1000 + int(self._random() * 500) - 250
+        self.schedule_job(job)
 
     def ackjob(self, ids: Iterable[bytes]) -> int:
         known = 0
@@ -825,4 +837,5 @@ class Node(ClusterJobs):
         self.importing.clear()
         self.dedup.clear()
         self._dedup_heap.clear()
+        self.needers.clear()
         self.mem_used = BASE_MEMORY

@@ -360,6 +360,13 @@ class Server:
         on_set(cfg, "cluster-node-timeout",
                lambda c, name: setattr(self.membership, "node_timeout", c.cluster_node_timeout))
 
+        def set_announce(c: Config, name: str) -> None:
+            self.membership.set_announce(c.cluster_announce_ip.encode(), c.cluster_announce_port)
+            self.bus.apply()
+
+        on_set(cfg, "cluster-announce-ip", set_announce)
+        on_set(cfg, "cluster-announce-port", set_announce)
+
     # ------------------------------------------------------------------ dispatch
     def execute(self, c: Client, argv: list[bytes]) -> None:
         """Run one command: QUIT, unknown, arity, auth, OOM, LOADING checks, then the

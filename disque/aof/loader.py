@@ -17,7 +17,7 @@ from typing import Any
 from disque.aof.format import AofFormatError, Incomplete, parse_record
 from disque.jobs.serialize import SerializeError, deserialize_job
 
-CHUNK = 4 * 1024 * 1024
+CHUNK = 1024 * 1024  # bytes per step: clients get -LOADING between steps
 
 
 class AofLoadError(Exception):

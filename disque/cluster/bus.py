@@ -265,12 +265,14 @@ class Bus:
         assert self.loop is not None
         timeout = min(CONNECT_TIMEOUT_MAX, max(m.node_timeout / 1000, 0.5))
         link = BusLink(self, inbound=False, token=effect.token)
+        if self.password:
+            # Before connecting: the peer's challenge can arrive as soon as we are connected.
+            link.ready = self.loop.create_future()
         try:
             await asyncio.wait_for(
                 self.loop.create_connection(lambda: link, effect.ip.decode(), effect.bus_port),
                 timeout)
-            if self.password:
-                link.ready = self.loop.create_future()
+            if link.ready is not None:
                 ok = await asyncio.wait_for(link.ready, timeout)
                 if not ok:
                     raise ConnectionError("authentication failed")

@@ -73,6 +73,7 @@ IMPORT_WINDOW_S = 5
 NEEDJOBS_MIN = 5
 NEEDJOBS_MAX = 100
 CLUSTER_CRON_MS = 100
+NEEDER_HOLD_MS = 1000  # how long an unanswered NEEDJOBS is remembered (see on_needjobs)
 
 NOREPL_TIMEOUT = "Timeout reached before replicating to the requested number of nodes"
 NOREPL_REMOVED = "job removed (expired?) before the requested replication level was achieved"
@@ -270,16 +271,8 @@ class ClusterJobs:
             job.state = ACTIVE  # never logged: the local copy is dropped
             self.unregister(job)
         else:
-            job.state = ACTIVE
             job.confirmed = ()
-            if job.delay:
-                job.qtime = now + job.delay * 1000
-                self.schedule_job(job)
-            else:
-                job.qtime = now
-                self.enqueue(job, now)
-            if self.persist is not None:
-                self.persist.loadjob(job)
+            self.activate(job, now)
         if rep is not None:
             rep.waiter.on_added(job.id)
 
@@ -533,25 +526,58 @@ class ClusterJobs:
     def on_needjobs(self, sender: bytes, msg: NeedJobs) -> None:
         """ON RECV NEEDJOBS: move some of our queued jobs to the asking node (YOURJOBS)."""
         q = self.lookup_queue(msg.queue)
-        if q is None or not q.jobs or q.paused & PAUSE_OUT or q.import_rate > 0:
+        if q is not None and (q.paused & PAUSE_OUT or q.import_rate > 0):
+            return
+        now = self.clock()
+        count = max(msg.count, 1)
+        if q is None or not q.jobs:
+            # Nothing to give now. Unlike the original (which drops the request and leaves
+            # the asker to retry after its backoff, up to 2 s later), remember it briefly:
+            # jobs queued here meanwhile go straight to the node whose consumers wait.
+            self.needers.setdefault(msg.queue, {})[sender] = (now + NEEDER_HOLD_MS, count)
             return
         n = len(q.jobs)
-        count = max(msg.count, 1)
-        give = count if n >= 2 * count else max(1, n // 2)
-        now = self.clock()
+        self.give_jobs(q, sender, count if n >= 2 * count else max(1, n // 2), now)
+
+    def give_jobs(self, q: Queue, to: bytes, count: int, now: int) -> None:
+        """Move `count` jobs out of `q` to node `to` (YOURJOBS)."""
         records = []
-        for _ in range(give):
+        for _ in range(min(count, len(q.jobs))):
             job = q.jobs.pop_first()
             job.state = ACTIVE
             q.jobs_out += 1
-            if sender not in job.delivered:
-                job.delivered = job.delivered + (sender,)
+            if to not in job.delivered:
+                job.delivered = job.delivered + (to,)
             records.append(job_record(job, now))
             if not job.retry:
                 # An at-most-once job moves: it exists on the wire or at the receiver only.
                 self.delete_job(job)
         q.atime = now
-        self.send(sender, YourJobs(self.header(), records))
+        self.send(to, YourJobs(self.header(), records))
+
+    def serve_needers(self, q: Queue, now: int) -> None:
+        """Jobs were queued where a recent NEEDJOBS found none: forward them."""
+        needers = self.needers.get(q.name)
+        if not needers:
+            self.needers.pop(q.name, None)
+            return
+        if q.paused & PAUSE_OUT:
+            return
+        reachable = self.reachable_others()
+        for node, (until, count) in list(needers.items()):
+            if not q.jobs:
+                break
+            if until < now or node not in reachable:
+                del needers[node]
+                continue
+            give = min(count, len(q.jobs))
+            self.give_jobs(q, node, give, now)
+            if give >= count:
+                del needers[node]
+            else:
+                needers[node] = (until, count - give)
+        if not needers:
+            del self.needers[q.name]
 
     def on_yourjobs(self, sender: bytes, msg: YourJobs) -> None:
         """ON RECV YOURJOBS: queue the jobs another node moved to us (no QUEUED broadcast;
@@ -590,24 +616,26 @@ class ClusterJobs:
             touched.add(q)
 
     def note_import(self, q: Queue, now: int, n: int) -> None:
-        sec = now // 1000
+        """Count imported jobs in 1 s buckets of (first import time, count)."""
         samples = q.import_samples
-        if samples and samples[-1][0] == sec:
-            samples[-1] = (sec, samples[-1][1] + n)
+        if samples and now - samples[-1][0] < 1000:
+            samples[-1] = (samples[-1][0], samples[-1][1] + n)
         else:
-            samples.append((sec, n))
+            samples.append((now, n))
         self.update_import_rate(q, now)
 
     def update_import_rate(self, q: Queue, now: int) -> None:
-        """Jobs per second imported over the last seconds (0 when the imports stopped)."""
-        sec = now // 1000
+        """Jobs per second imported recently: the jobs of the last ~2 s over the time they
+        span (at least 50 ms, as the original); 0 once imports stopped."""
         samples = q.import_samples
-        while samples and samples[0][0] <= sec - IMPORT_WINDOW_S:
+        while samples and now - samples[0][0] >= IMPORT_WINDOW_S * 1000:
             samples.pop(0)
-        recent = [c for s, c in samples if s >= sec - 1]
-        q.import_rate = sum(recent) // 2 if recent else 0
-        if not samples:
+        recent = [(t, c) for t, c in samples if now - t < 2000]
+        if not recent:
             q.import_rate = 0
+            return
+        span = max(now - recent[0][0], 50)
+        q.import_rate = -(-sum(c for _, c in recent) * 1000 // span)
 
     def cluster_cron(self, now: int) -> None:
         """Every 100 ms: queues with blocked consumers ask again (within the backoffs);

@@ -368,6 +368,23 @@ class Membership:
         self._log("cluster.reset", hard=hard, myself=_sid(self.me.id))
         self._flush()
 
+    def set_announce(self, ip: bytes, port: int) -> None:
+        """CONFIG SET cluster-announce-ip/-port: advertise a new address at once (PONG to
+        every connected node); empty/0 go back to the learned address and real port."""
+        me = self.me
+        self.announce_ip = ip
+        self.announce_port = port
+        if ip:
+            me.ip = ip
+        me.port = port or self.port
+        me.bus_port = self._announced_bus_port()
+        self.header = self._make_header()
+        self._changed()
+        for node in self.table.values():
+            if node.out_link is not None and not node.bits & HANDSHAKE:
+                self.outbox.append(Send(node.out_link, Pong(self.header, self._gossip(node))))
+        self._flush()
+
     def set_leaving(self, flag: bool) -> None:
         """CLUSTER LEAVING yes|no: flag myself; every node copies it from my header. A PONG to
         every connected node spreads it at once."""

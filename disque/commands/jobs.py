@@ -280,42 +280,50 @@ def parse_cursor(token: bytes, cursor: int | None) -> int:
     return int(token)
 
 
-@command("jscan", -1, "readonly")
-def cmd_jscan(c: Any, argv: list[bytes]) -> None:
+def scan_args(argv: list[bytes], valued: tuple[bytes, ...]
+              ) -> tuple[int, list[tuple[bytes, bytes]], bool]:
+    """QSCAN/JSCAN arguments: BUSYLOOP, `name value` options (in order, repeatable) and one
+    cursor: any other token, or an option keyword with no value after it, is the cursor."""
     cursor = None
-    count = 100
     busyloop = False
-    queue = None
-    states: set[int] = set()
-    reply_all = False
+    opts: list[tuple[bytes, bytes]] = []
     n = len(argv)
     i = 1
     while i < n:
         opt = argv[i].lower()
-        has_value = i + 1 < n
         if opt == b"busyloop":
             busyloop = True
-        elif opt == b"count" and has_value:
-            count = int_arg(argv[i + 1])
-            i += 1
-        elif opt == b"queue" and has_value:
-            queue = argv[i + 1]
-            i += 1
-        elif opt == b"state" and has_value:
-            state = STATE_BY_NAME.get(argv[i + 1].lower())
-            if state is None:
-                raise err("Invalid job state name")
-            states.add(state)
-            i += 1
-        elif opt == b"reply" and has_value:
-            kind = argv[i + 1].lower()
-            if kind not in (b"all", b"id"):
-                raise err("Invalid REPLY type, try ID or ALL")
-            reply_all = kind == b"all"
+        elif opt in valued and i + 1 < n:
+            opts.append((opt, argv[i + 1]))
             i += 1
         else:
             cursor = parse_cursor(argv[i], cursor)
         i += 1
+    return cursor or 0, opts, busyloop
+
+
+@command("jscan", -1, "readonly")
+def cmd_jscan(c: Any, argv: list[bytes]) -> None:
+    cursor, opts, busyloop = scan_args(argv, (b"count", b"queue", b"state", b"reply"))
+    count = 100
+    queue = None
+    states: set[int] = set()
+    reply_all = False
+    for opt, value in opts:
+        if opt == b"count":
+            count = int_arg(value)
+        elif opt == b"queue":
+            queue = value
+        elif opt == b"state":
+            state = STATE_BY_NAME.get(value.lower())
+            if state is None:
+                raise err("Invalid job state name")
+            states.add(state)
+        else:
+            kind = value.lower()
+            if kind not in (b"all", b"id"):
+                raise err("Invalid REPLY type, try ID or ALL")
+            reply_all = kind == b"all"
     if count < 1:
         count = 1
 
@@ -324,7 +332,7 @@ def cmd_jscan(c: Any, argv: list[bytes]) -> None:
                 and (not states or job.state in states))
 
     node = c.node
-    nxt, jobs = node.jobs.scan(cursor or 0, count, keep, busyloop)
+    nxt, jobs = node.jobs.scan(cursor, count, keep, busyloop)
     if reply_all:
         items: list[Any] = [show_fields(node, job) for job in jobs]
     else:

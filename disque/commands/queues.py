@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from disque.commands import command, int_arg
-from disque.commands.jobs import job_entry, parse_cursor
+from disque.commands.jobs import job_entry, scan_args
 from disque.protocol.errors import syntax
 from disque.protocol.reply import EMPTY_ARRAY, array_len, encode, integer
 from disque.queues.queue import PAUSE_IN, PAUSE_OUT, Queue
@@ -55,32 +55,17 @@ def cmd_qstat(c: Any, argv: list[bytes]) -> None:
 
 @command("qscan", -1, "readonly")
 def cmd_qscan(c: Any, argv: list[bytes]) -> None:
-    cursor = None
+    cursor, opts, busyloop = scan_args(argv, (b"count", b"minlen", b"maxlen", b"importrate"))
     count = 100
-    busyloop = False
-    minlen = maxlen = importrate = None
-    n = len(argv)
-    i = 1
-    while i < n:
-        opt = argv[i].lower()
-        has_value = i + 1 < n
-        if opt == b"busyloop":
-            busyloop = True
-        elif opt == b"count" and has_value:
-            count = int_arg(argv[i + 1])
-            i += 1
-        elif opt == b"minlen" and has_value:
-            minlen = int_arg(argv[i + 1])
-            i += 1
-        elif opt == b"maxlen" and has_value:
-            maxlen = int_arg(argv[i + 1])
-            i += 1
-        elif opt == b"importrate" and has_value:
-            importrate = int_arg(argv[i + 1])
-            i += 1
+    limits: dict[bytes, int] = {}
+    for opt, value in opts:
+        if opt == b"count":
+            count = int_arg(value)
         else:
-            cursor = parse_cursor(argv[i], cursor)
-        i += 1
+            limits[opt] = int_arg(value)
+    minlen = limits.get(b"minlen")
+    maxlen = limits.get(b"maxlen")
+    importrate = limits.get(b"importrate")
     if count < 1:
         count = 1
 
@@ -89,7 +74,7 @@ def cmd_qscan(c: Any, argv: list[bytes]) -> None:
         return ((minlen is None or n >= minlen) and (maxlen is None or n <= maxlen)
                 and (importrate is None or q.import_rate >= importrate))
 
-    nxt, queues = c.node.queues.scan(cursor or 0, count, keep, busyloop)
+    nxt, queues = c.node.queues.scan(cursor, count, keep, busyloop)
     c.out.append(encode([str(nxt).encode(), [q.name for q in queues]], c.proto))
 
 

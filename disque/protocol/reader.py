@@ -189,7 +189,7 @@ def split_inline(line: bytes) -> list[bytes] | None:
                 if i >= n:
                     break
                 c = line[i]
-                if c in b" \t\r\n\v\f":
+                if c in b" \n\r\t\0":  # sdssplitargs: \v and \f do not end a token
                     break
                 if c == 34:
                     inq = True
