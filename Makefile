@@ -7,15 +7,22 @@ PORT   ?= 7711
 N      ?= 3
 PYTEST_ARGS ?=
 
-.PHONY: install run test test-fast bench lint cluster clean system-deps
+.PHONY: install run test test-fast bench lint cluster cluster-stop cluster-status clean system-deps \
+        spark-zip example
 
 # Debian packages the tests and the benchmark use: redis-cli / redis-benchmark (redis-tools) and
-# redis-server (the "Redis as a queue" baseline of `make bench`).
+# redis-server (the "Redis as a queue" baseline of `make bench`); a Java runtime for Spark
+# (PySpark runs a JVM: the Spark tests, `make example`, the Spark benchmark).
 system-deps:
 	@if ! command -v redis-cli >/dev/null 2>&1 || ! command -v redis-server >/dev/null 2>&1; then \
 		echo "installing Debian redis-tools and redis-server"; \
 		SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-tools redis-server >/dev/null; \
+	fi
+	@if ! command -v java >/dev/null 2>&1; then \
+		echo "installing a Debian Java runtime for Spark"; \
+		SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq default-jre-headless >/dev/null; \
 	fi
 
 $(STAMP): pyproject.toml
@@ -39,10 +46,26 @@ bench: install system-deps
 	$(PY) -m benchmarks.run
 
 lint: install
-	$(VENV)/bin/ruff check disque tests benchmarks
+	$(VENV)/bin/ruff check disque tests benchmarks examples
 
+# A local N-node cluster (default 3) on ports PORT.. (bus on +10000), in run/cluster/node-PORT.
 cluster: install
 	$(PY) -m disque.tools.cluster start --nodes $(N) --port $(PORT)
+
+cluster-stop: install
+	$(PY) -m disque.tools.cluster stop
+
+cluster-status: install
+	$(PY) -m disque.tools.cluster status
+
+# dist/disque-py.zip for Spark executors that do not have the package installed:
+# spark-submit --py-files dist/disque-py.zip (disque.client + disque.spark + redis-py).
+spark-zip: install
+	$(PY) -m disque.spark.package --out dist/disque-py.zip
+
+# examples/spark_pipeline.py: a 3-node cluster, a Spark job producing jobs, a consumer.
+example: install system-deps
+	$(PY) examples/spark_pipeline.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .hypothesis run bench-results

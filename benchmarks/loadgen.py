@@ -1,9 +1,10 @@
 """Multi-process end-to-end load generator: producers add jobs, consumers fetch and ack them.
 
 One run spreads `connections` loopback connections over `procs` worker processes, half
-producers and half consumers:
+producers and half consumers (in a cluster, the consumers may use another node than the
+producers: `consume_port`, so every job crosses the bus):
 
-- disque: producers send `ADDJOB q <body> 0`, consumers send `GETJOB TIMEOUT 1000 FROM q` and,
+- disque: producers send `ADDJOB q <body> 0 [add_args]`, consumers send `GETJOB TIMEOUT 1000 FROM q` and,
   for every job they get, `ACKJOB <id>`. A job counts once its ACKJOB answered 1.
 - redis (the "Redis as a queue" baseline): producers `LPUSH q <body>`, consumers `BRPOP q 1`.
   There is no ack step, so a job counts as soon as BRPOP returns it.
@@ -113,6 +114,12 @@ class E2EConfig:
     time_limit: float = 20.0
     queue: str = "e2e"
     max_backlog: int = 0  # 0: two full windows of the consumer connections
+    consume_port: int = 0  # consumers' node (0: the producers' `port`); a cluster's other node
+    add_args: tuple[str, ...] = ()  # extra ADDJOB options, e.g. ("REPLICATE", "3", "ASYNC")
+
+    @property
+    def consumer_port(self) -> int:
+        return self.consume_port or self.port
 
     @property
     def producer_procs(self) -> int:
@@ -178,9 +185,9 @@ class _Conn:
             self.out.clear()
 
 
-def _connect(cfg: E2EConfig, n: int) -> tuple[selectors.DefaultSelector, list[_Conn]]:
+def _connect(cfg: E2EConfig, n: int, port: int) -> tuple[selectors.DefaultSelector, list[_Conn]]:
     sel = selectors.DefaultSelector()
-    conns = [_Conn(cfg.port, cfg.time_limit + 10) for _ in range(n)]
+    conns = [_Conn(port, cfg.time_limit + 10) for _ in range(n)]
     for c in conns:
         sel.register(c.sock, selectors.EVENT_READ, c)
     return sel, conns
@@ -197,11 +204,12 @@ def _producer(cfg: E2EConfig, sh: _Shared, idx: int, nconns: int, quota: int,
               results: Any) -> None:
     out: dict[str, Any] = {"role": "producer", "produced": 0, "errors": []}
     try:
-        sel, conns = _connect(cfg, nconns)
+        sel, conns = _connect(cfg, nconns, cfg.port)
         q = cfg.queue.encode()
         if cfg.flavor == "disque":
-            head = b"*4\r\n$6\r\nADDJOB\r\n$%d\r\n%s\r\n" % (len(q), q)
-            tail = b"$1\r\n0\r\n"
+            extra = [a.encode() for a in cfg.add_args]
+            head = b"*%d\r\n$6\r\nADDJOB\r\n$%d\r\n%s\r\n" % (4 + len(extra), len(q), q)
+            tail = b"$1\r\n0\r\n" + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in extra)
         else:
             head = b"*3\r\n$5\r\nLPUSH\r\n$%d\r\n%s\r\n" % (len(q), q)
             tail = b""
@@ -260,8 +268,8 @@ def _consumer(cfg: E2EConfig, sh: _Shared, idx: int, slot: int, nconns: int,
         ack_conn: _Conn | None = None
         if disque and not strict and nconns > 1:
             nconns -= 1
-            ack_conn = _Conn(cfg.port, cfg.time_limit + 10)
-        sel, conns = _connect(cfg, nconns)
+            ack_conn = _Conn(cfg.consumer_port, cfg.time_limit + 10)
+        sel, conns = _connect(cfg, nconns, cfg.consumer_port)
         if ack_conn is not None:
             sel.register(ack_conn.sock, selectors.EVENT_READ, ack_conn)
         q = cfg.queue.encode()
@@ -429,10 +437,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-limit", type=float, default=20.0)
     ap.add_argument("--queue", default="e2e")
     ap.add_argument("--max-backlog", type=int, default=0)
+    ap.add_argument("--consume-port", type=int, default=0,
+                    help="consumers use this node (another node of the producers' cluster)")
+    ap.add_argument("--add-args", default="",
+                    help="extra ADDJOB options, space-separated, e.g. 'REPLICATE 3 ASYNC'")
     a = ap.parse_args(argv)
     cfg = E2EConfig(port=a.port, flavor=a.flavor, depth=a.depth, jobs=a.jobs,
                     connections=a.connections, procs=a.procs, time_limit=a.time_limit,
-                    queue=a.queue, max_backlog=a.max_backlog)
+                    queue=a.queue, max_backlog=a.max_backlog, consume_port=a.consume_port,
+                    add_args=tuple(a.add_args.split()))
     json.dump(run_e2e(cfg).as_dict(), sys.stdout, indent=2)
     print()
     return 0

@@ -8,6 +8,10 @@ Scenarios (pick with `--only`):
   with `-P 16`, so every request takes a job.
 - e2e: our multi-process generator (loadgen.py): producers ADDJOB, consumers GETJOB + ACKJOB,
   against LPUSH / BRPOP, unpipelined and 16 in flight per connection.
+- cluster: 3 fresh disque-py nodes joined with CLUSTER MEET: `ADDJOB ... REPLICATE 3` sync
+  and ASYNC from 50 connections spread over the nodes (one redis-benchmark per node, run in
+  parallel), and produce-on-one-node / consume-on-another (GETJOB + ACKJOB) with loadgen.py,
+  so every job crosses the cluster bus. There is no redis-server equivalent.
 - memory: a fresh node gets `--jobs-for-memory` jobs with 16-byte bodies; the growth of INFO
   `used_memory` and `used_memory_rss` over the empty node, per job (and the same for a fresh
   redis-server list, for scale).
@@ -44,7 +48,7 @@ from typing import Any
 from benchmarks.loadgen import Client, E2EConfig, E2EResult, run_e2e
 
 REPO = Path(__file__).resolve().parent.parent
-SCENARIOS = ("addjob", "getjob", "e2e", "memory")
+SCENARIOS = ("addjob", "getjob", "e2e", "cluster", "memory")
 BODY16 = "0123456789abcdef"
 
 
@@ -199,11 +203,16 @@ def parse_redis_benchmark(out: bytes) -> Load:
     return load
 
 
+def _redis_benchmark_cmd(port: int, command: list[str], n: int, pipeline: int,
+                         clients: int) -> list[str]:
+    exe = shutil.which("redis-benchmark") or "redis-benchmark"
+    return [exe, "-h", "127.0.0.1", "-p", str(port), "-c", str(clients), "-n", str(n),
+            "-P", str(pipeline), *command]
+
+
 def redis_benchmark(port: int, command: list[str], n: int, pipeline: int, clients: int,
                     time_limit: float) -> Load:
-    exe = shutil.which("redis-benchmark") or "redis-benchmark"
-    cmd = [exe, "-h", "127.0.0.1", "-p", str(port), "-c", str(clients), "-n", str(n),
-           "-P", str(pipeline), *command]
+    cmd = _redis_benchmark_cmd(port, command, n, pipeline, clients)
     t0 = time.monotonic()
     try:
         cp = subprocess.run(cmd, capture_output=True, timeout=time_limit, check=False)
@@ -251,6 +260,8 @@ class Options:
     e2e_time_limit: float
     e2e_procs: int
     memory_jobs: int
+    cluster_n: int = 30_000
+    cluster_e2e_jobs: int = 20_000
 
 
 def _qlen(port: int, flavor: str, queue: str) -> int:
@@ -365,6 +376,160 @@ def scenario_e2e(d: Server | None, r: Server | None, o: Options) -> tuple[list[R
             _report(row.label, flavor, getattr(row, flavor))
         rows.append(row)
     return rows, raw
+
+
+# -- the 3-node cluster -------------------------------------------------------------------
+
+CLUSTER_SIZE = 3
+
+
+def _split(total: int, parts: int) -> list[int]:
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
+def _reachable(port: int) -> int:
+    with Client(port) as c:
+        raw = c.call("CLUSTER", "INFO")
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    for line in text.splitlines():
+        if line.startswith("cluster_reachable_nodes:"):
+            return int(line.split(":", 1)[1])
+    return -1
+
+
+def start_cluster(workdir: Path, cpus: set[int] | None, size: int = CLUSTER_SIZE,
+                  timeout: float = 30.0) -> list[Server]:
+    """`size` fresh nodes; every node meets the first, gossip completes the mesh. Returns
+    once every node sees size - 1 reachable nodes. The caller stops the servers."""
+    servers: list[Server] = []
+    try:
+        for _ in range(size):  # started one by one: each picks its free port pair while free
+            servers.append(disque_server(workdir, cpus).start())
+        for s in servers[1:]:
+            with Client(s.port) as c:
+                c.call("CLUSTER", "MEET", "127.0.0.1", servers[0].port)
+        deadline = time.monotonic() + timeout
+        while not all(_reachable(s.port) == size - 1 for s in servers):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no full mesh of {size} nodes within {timeout}s")
+            time.sleep(0.05)
+    except BaseException:
+        for s in servers:
+            s.stop()
+        raise
+    return servers
+
+
+def _flushall(servers: list[Server]) -> None:
+    for s in servers:
+        with Client(s.port) as c:
+            c.call("DEBUG", "FLUSHALL")
+
+
+def parallel_redis_benchmark(servers: list[Server], command: list[str], n: int, pipeline: int,
+                             clients: int, time_limit: float) -> Load:
+    """One redis-benchmark per node, all at once, `clients` connections and `n` requests
+    split over them. Throughput: all requests over the wall time until the last finished
+    (running averages summed if one hit the time limit); p50/p99: the worst node's."""
+    procs = []
+    t0 = time.monotonic()
+    for s, c, k in zip(servers, _split(clients, len(servers)), _split(n, len(servers)),
+                       strict=True):
+        procs.append(subprocess.Popen(_redis_benchmark_cmd(s.port, command, k, pipeline, c),
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    loads: list[Load] = []
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=max(0.1, time_limit - (time.monotonic() - t0)))
+            rc: int | None = p.returncode
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+            rc = None
+        load = parse_redis_benchmark(out)
+        if rc is None:
+            load.partial = True
+        elif rc != 0:
+            msg = err.decode(errors="replace").strip().splitlines()
+            load.error = f"redis-benchmark exit {rc}: " + (msg[-1] if msg else "")
+        elif load.rps is None:
+            load.error = "no throughput in redis-benchmark output"
+        loads.append(load)
+    total = Load(seconds=time.monotonic() - t0)
+    errors = [ld.error for ld in loads if ld.error]
+    if errors:
+        total.error = errors[0]
+        return total
+    total.partial = any(ld.partial for ld in loads)
+    if total.partial:
+        total.rps = sum(ld.rps or 0.0 for ld in loads)
+        total.note = f"stopped at the {time_limit:.0f}s time limit"
+    else:
+        total.rps = n / total.seconds
+    p50 = [ld.p50_ms for ld in loads if ld.p50_ms is not None]
+    p99 = [ld.p99_ms for ld in loads if ld.p99_ms is not None]
+    total.p50_ms = max(p50) if p50 else None
+    total.p99_ms = max(p99) if p99 else None
+    return total
+
+
+def _qlen_sum(servers: list[Server], queue: str) -> int:
+    return sum(_qlen(s.port, "disque", queue) for s in servers)
+
+
+def scenario_cluster(workdir: Path, cpus: set[int] | None, o: Options,
+                     raw: dict[str, Any]) -> list[Row]:
+    """3 nodes: ADDJOB REPLICATE 3 (sync, ASYNC) over all nodes; produce on node 0, consume
+    (GETJOB + ACKJOB) on node 1. Each load starts from empty nodes (DEBUG FLUSHALL)."""
+    loads = [
+        ("cluster_add_sync_p1", "3 nodes ADDJOB R3 P1", ["REPLICATE", "3"], 1),
+        ("cluster_add_async_p1", "3 nodes ADDJOB R3 ASYNC P1", ["REPLICATE", "3", "ASYNC"], 1),
+        ("cluster_add_sync_p16", "3 nodes ADDJOB R3 P16", ["REPLICATE", "3"], 16),
+    ]
+    e2e = [("cluster_e2e_p1", "3 nodes add A->get B P1", 1),
+           ("cluster_e2e_p16", "3 nodes add A->get B P16", 16)]
+    rows = [Row(key, label) for key, label, *_ in loads + e2e]
+    try:
+        servers = start_cluster(workdir, cpus)
+    except (OSError, RuntimeError) as exc:
+        for row in rows:
+            row.disque = Load(error=f"cluster did not start: {exc}")
+            _report(row.label, "disque", row.disque)
+        return rows
+    try:
+        _say(f"cluster of {len(servers)} nodes on ports {[s.port for s in servers]}")
+        for row, (_, _, opts, pipeline) in zip(rows, loads, strict=False):
+            q = row.key
+            _flushall(servers)
+            before = _qlen_sum(servers, q)
+            load = parallel_redis_benchmark(servers, ["ADDJOB", q, "body", "5000", *opts],
+                                            o.cluster_n, pipeline, o.clients, o.time_limit)
+            moved = _qlen_sum(servers, q) - before
+            if load.ok and not load.partial and moved < o.cluster_n * 0.99:
+                load.note = f"only {moved} of {o.cluster_n} requests queued a job"
+            row.disque = load
+            _report(row.label, "disque", load)
+        for row, (_, _, depth) in zip(rows[len(loads):], e2e, strict=True):
+            _flushall(servers)
+            if not all(s.alive() for s in servers):
+                row.disque = Load(error="a cluster node died")
+            else:
+                cfg = E2EConfig(port=servers[0].port, consume_port=servers[1].port,
+                                flavor="disque", depth=depth, jobs=o.cluster_e2e_jobs,
+                                connections=o.clients, procs=o.e2e_procs,
+                                time_limit=o.e2e_time_limit, queue=row.key,
+                                add_args=("REPLICATE", "3"))
+                res = run_e2e(cfg)
+                raw[row.key] = res.as_dict()
+                row.disque = _e2e_load(res)
+            _report(row.label, "disque", row.disque)
+        dead = [s for s in servers if not s.alive()]
+        if dead:
+            _say(f"cluster node(s) died during the run:\n{dead[0].log_tail()}")
+    finally:
+        for s in servers:
+            s.stop()
+    return rows
 
 
 def _memory_fields(port: int) -> dict[str, int]:
@@ -488,6 +653,10 @@ def print_table(rows: list[Row], memory: dict[str, Any], targets: list[dict[str,
     _say("* = stopped at the time limit. Latencies: redis-benchmark's per-request latency "
          "(with -P 16, per pipeline batch); e2e rows: produce -> consume of each job. "
          "e2e redis has no ack step (BRPOP only).")
+    if any(row.key.startswith("cluster_") for row in rows):
+        _say("3 nodes rows: three disque-py nodes on this machine, 50 connections spread over "
+             "them (p50/p99: the worst node's); add A->get B: producers on one node, "
+             "consumers (GETJOB + ACKJOB) on another. No redis-server equivalent.")
     _say(f"Caveat: this machine has {cpus} CPU(s); the load generators and the server under test "
          f"share them{' (servers pinned to CPU 0, load elsewhere)' if pinned else ''}, so "
          f"absolute numbers understate both servers: compare the ratios.")
@@ -549,6 +718,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="jobs queued for the memory scenario (default 1000000, quick 100000)")
     ap.add_argument("--e2e-jobs", type=int, default=None,
                     help="jobs per end-to-end run (default 100000, quick 20000)")
+    ap.add_argument("--cluster-requests", type=int, default=None,
+                    help="ADDJOB requests per 3-node load (default 30000, quick 6000)")
+    ap.add_argument("--cluster-e2e-jobs", type=int, default=None,
+                    help="jobs per 3-node produce/consume run (default 20000, quick 5000)")
     ap.add_argument("--e2e-procs", type=int, default=4,
                     help="load generator processes for e2e (half produce, half consume)")
     ap.add_argument("--time-limit", type=float, default=None,
@@ -579,6 +752,8 @@ def main(argv: list[str] | None = None) -> int:
         e2e_time_limit=10.0 if a.quick else 20.0,
         e2e_procs=a.e2e_procs,
         memory_jobs=a.jobs_for_memory or (100_000 if a.quick else 1_000_000),
+        cluster_n=a.cluster_requests or (6_000 if a.quick else 30_000),
+        cluster_e2e_jobs=a.cluster_e2e_jobs or (5_000 if a.quick else 20_000),
     )
     for tool in ("redis-server", "redis-benchmark"):
         if shutil.which(tool) is None:
@@ -609,7 +784,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="disque-bench-") as tmp, _sigterm_as_interrupt():
         work = Path(tmp)
         try:
-            load_scenarios = [s for s in a.only if s != "memory"]
+            load_scenarios = [s for s in a.only if s not in ("memory", "cluster")]
             if load_scenarios:
                 d: Server | None = disque_server(work, server_cpus)
                 r: Server | None = redis_server(work, server_cpus)
@@ -642,6 +817,8 @@ def main(argv: list[str] | None = None) -> int:
                     for s in (d, r):
                         if s is not None:
                             s.stop()
+            if "cluster" in a.only:
+                rows += scenario_cluster(work, server_cpus, o, e2e_raw)
             if "memory" in a.only:
                 memory = scenario_memory(work, server_cpus, o, want_disque=disque_error is None)
                 if "error" in memory.get("disque", {}) and disque_error is None:

@@ -1,0 +1,283 @@
+"""Real multi-process clusters for the tests: `cluster(n)` starts n `disque-server`
+processes on free loopback ports (port + 10000 free too, for the bus), meets them through one
+node only and waits until gossip has made the mesh full, i.e. every node's CLUSTER INFO says
+`cluster_reachable_nodes:<n-1>`. Every process is killed at teardown, even when the test or
+the mesh formation failed.
+
+Views are read over a fresh RESP connection each time (`tests.integration.resp.Conn`), so a
+node that was killed and restarted is simply asked again.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness import DisqueProcess, wait_for
+from tests.integration.resp import Conn, Err
+
+NODE_TIMEOUT = 1000  # ms: short, so that failure detection fits in a test
+MESH_DEADLINE = 30.0  # s: generous; a mesh of five local nodes forms in well under a second
+
+
+# ---------------------------------------------------------------------------- views
+def cmd(proc: DisqueProcess, *args: Any, timeout: float = 10.0) -> Any:
+    """One command on a fresh connection; errors come back as `Err` values, not raised."""
+    conn = Conn(proc.port, timeout=timeout)
+    try:
+        return conn.cmd(*args)
+    finally:
+        conn.close()
+
+
+def ok(proc: DisqueProcess, *args: Any) -> None:
+    reply = cmd(proc, *args)
+    assert reply == "OK", f"{' '.join(map(str, args))} on :{proc.port} -> {reply!r}"
+
+
+def parse_fields(text: bytes | str) -> dict[str, str]:
+    """`key:value` lines (CLUSTER INFO, an INFO section) -> dict; headers and blanks skipped."""
+    if isinstance(text, bytes):
+        text = text.decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#") and ":" in line:
+            key, _, value = line.partition(":")
+            out[key] = value
+    return out
+
+
+def cluster_info(proc: DisqueProcess) -> dict[str, str]:
+    reply = cmd(proc, "CLUSTER", "INFO")
+    assert not isinstance(reply, Err), reply
+    return parse_fields(reply)
+
+
+def reachable(proc: DisqueProcess) -> int:
+    return int(cluster_info(proc)["cluster_reachable_nodes"])
+
+
+class NodeLine:
+    """One parsed CLUSTER NODES line: `<id> <ip>:<port> <flags> <ping> <pong> <link>`."""
+
+    def __init__(self, line: str) -> None:
+        fields = line.split(" ")
+        assert len(fields) == 6, f"CLUSTER NODES line without 6 fields: {line!r}"
+        self.fields = fields
+        self.id, self.addr, flags, ping, pong, self.link = fields
+        self.ip, _, port = self.addr.rpartition(":")
+        self.port = int(port)
+        self.flags = flags.split(",")
+        self.ping_sent = int(ping)
+        self.pong_received = int(pong)
+
+    def __repr__(self) -> str:
+        return " ".join(self.fields)
+
+
+def cluster_nodes(proc: DisqueProcess) -> dict[str, NodeLine]:
+    """CLUSTER NODES of `proc`, by node ID."""
+    reply = cmd(proc, "CLUSTER", "NODES")
+    assert isinstance(reply, bytes), reply
+    text = reply.decode()
+    assert text.endswith("\n") or not text, text
+    lines = [NodeLine(line) for line in text.split("\n") if line]
+    return {n.id: n for n in lines}
+
+
+def myid(proc: DisqueProcess) -> str:
+    reply = cmd(proc, "CLUSTER", "MYID")
+    assert isinstance(reply, bytes), reply
+    return reply.decode()
+
+
+def hello(proc: DisqueProcess) -> dict[str, list[bytes]]:
+    """HELLO entries [id, ip, port, priority] by node ID (the two header items checked)."""
+    reply = cmd(proc, "HELLO")
+    assert isinstance(reply, list) and reply[0] == 1, reply
+    return {e[0].decode(): e for e in reply[2:]}
+
+
+def holds_for(cond: Callable[[], Any], seconds: float, what: str,
+              interval: float = 0.1, detail: Callable[[], Any] | None = None) -> None:
+    """Assert `cond()` stays truthy at every poll during `seconds` (the opposite of
+    wait_for: a bounded observation that something does *not* happen). `detail()`, if
+    given, is added to the failure message."""
+    deadline = time.monotonic() + seconds
+    while True:
+        value = cond()
+        if not value:
+            extra = f": {detail()!r}" if detail is not None else ""
+            raise AssertionError(f"{what} stopped holding{extra}")
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(interval)
+
+
+# ---------------------------------------------------------------------------- the cluster
+class Cluster:
+    """N real nodes; `nodes[i]` is a DisqueProcess (port, workdir, kill/stop/start...)."""
+
+    def __init__(self, nodes: list[DisqueProcess]) -> None:
+        self.nodes = nodes
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __getitem__(self, i: int) -> DisqueProcess:
+        return self.nodes[i]
+
+    def __iter__(self) -> Iterator[DisqueProcess]:
+        return iter(self.nodes)
+
+    def ids(self) -> list[str]:
+        return [myid(p) for p in self.nodes]
+
+    def meet_via_first(self) -> None:
+        """Every other node meets node 0 only: they learn about each other by gossip."""
+        first = self.nodes[0]
+        for p in self.nodes[1:]:
+            ok(p, "CLUSTER", "MEET", "127.0.0.1", first.port)
+
+    def meet_chain(self) -> None:
+        """Node i meets node i+1 only."""
+        for a, b in zip(self.nodes, self.nodes[1:], strict=False):
+            ok(a, "CLUSTER", "MEET", "127.0.0.1", b.port)
+
+    def meshed(self, nodes: list[DisqueProcess] | None = None) -> bool:
+        nodes = self.nodes if nodes is None else nodes
+        return all(reachable(p) == len(nodes) - 1 for p in nodes)
+
+    def wait_mesh(self, nodes: list[DisqueProcess] | None = None,
+                  timeout: float = MESH_DEADLINE) -> None:
+        nodes = self.nodes if nodes is None else nodes
+
+        def check() -> bool:
+            for p in nodes:
+                if not p.alive():
+                    raise AssertionError(f"node :{p.port} died:\n{p.output()[-3000:]}")
+            return self.meshed(nodes)
+
+        try:
+            wait_for(check, timeout=timeout, what=f"a full mesh of {len(nodes)} nodes")
+        except AssertionError:
+            views = "\n".join(f":{p.port}\n{cmd(p, 'CLUSTER', 'NODES')!r}" for p in nodes
+                              if p.alive())
+            raise AssertionError(f"no full mesh after {timeout}s; views:\n{views}") from None
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
+    """Factory: cluster(n, node_timeout=..., args=[...], meet="first"|"chain"|None).
+
+    With `meet` set (the default "first"), the factory returns only once every node sees the
+    other n-1 as reachable. All started processes are killed at teardown."""
+    started: list[DisqueProcess] = []
+
+    def factory(n: int, node_timeout: int = NODE_TIMEOUT, args: list[str] | None = None,
+                meet: str | None = "first", name: str = "node") -> Cluster:
+        base = len(started)
+        procs = [DisqueProcess(tmp_path / f"{name}{base + i}",
+                               args=["--cluster-node-timeout", str(node_timeout),
+                                     *(args or [])])
+                 for i in range(n)]
+        started.extend(procs)
+        for p in procs:  # start them all, then wait: startup is mostly interpreter import
+            p.start(wait=False)
+        for p in procs:
+            p.wait_ready()
+        c = Cluster(procs)
+        if meet == "first":
+            c.meet_via_first()
+        elif meet == "chain":
+            c.meet_chain()
+        elif meet is not None:
+            raise ValueError(f"unknown meet mode {meet!r}")
+        if meet is not None:
+            c.wait_mesh()
+        return c
+
+    try:
+        yield factory
+    finally:
+        for p in started:
+            p.kill()
+
+
+# ---------------------------------------------------------------------------- NAT stand-in
+class Forwarder:
+    """A TCP port forward (listen address -> target address) run by threads in the test
+    process: it plays the NAT or container port mapping in front of a node that announces
+    an address it does not listen on itself."""
+
+    def __init__(self, listen: tuple[str, int], target: tuple[str, int]) -> None:
+        self.target = target
+        self.sock = socket.create_server(listen)
+        self.sock.settimeout(0.2)
+        self.closed = threading.Event()
+        self.conns: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        while not self.closed.is_set():
+            try:
+                client, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            upstream.settimeout(None)
+            client.settimeout(None)
+            self.conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.closed.set()
+        self.sock.close()
+        for s in self.conns:
+            s.close()
+        self.thread.join(timeout=5)
+
+
+@pytest.fixture
+def forward() -> Iterator[Callable[[tuple[str, int], tuple[str, int]], Forwarder]]:
+    """Factory: forward((listen_ip, port), (target_ip, port)); all closed at teardown."""
+    made: list[Forwarder] = []
+
+    def factory(listen: tuple[str, int], target: tuple[str, int]) -> Forwarder:
+        f = Forwarder(listen, target)
+        made.append(f)
+        return f
+
+    try:
+        yield factory
+    finally:
+        for f in made:
+            f.close()
