@@ -340,7 +340,10 @@ class Node(ClusterJobs):
                 async_: bool) -> Job:
         """ADDJOB after option parsing: checks 3..7 of the checklist, in order."""
         if replicate is None:
-            size = self.membership.size() if self.membership is not None else 1
+            # min(3, reachable nodes) as issue 5 asks (the original counted every known node,
+            # failing ones too, so one dead node of three made every default ADDJOB fail).
+            m = self.membership
+            size = 1 + len(m.reachable()) if m is not None and m.size() > 1 else 1
             repl = 3 if size >= 3 else size
         else:
             repl = replicate
