@@ -48,7 +48,7 @@ from typing import Any
 from benchmarks.loadgen import Client, E2EConfig, E2EResult, run_e2e
 
 REPO = Path(__file__).resolve().parent.parent
-SCENARIOS = ("addjob", "getjob", "e2e", "cluster", "memory")
+SCENARIOS = ("addjob", "getjob", "e2e", "cluster", "memory", "spark", "aof")
 BODY16 = "0123456789abcdef"
 
 
@@ -722,6 +722,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="ADDJOB requests per 3-node load (default 30000, quick 6000)")
     ap.add_argument("--cluster-e2e-jobs", type=int, default=None,
                     help="jobs per 3-node produce/consume run (default 20000, quick 5000)")
+    ap.add_argument("--spark-rows", type=int, default=None,
+                    help="rows per Spark write at REPLICATE 1 (default 500000, quick 100000; "
+                         "REPLICATE 3 writes a tenth); see benchmarks/spark_bench.py")
+    ap.add_argument("--aof-jobs", type=int, default=None,
+                    help="jobs in the AOF rewrite / reload scenario (default 1000000, quick "
+                         "100000); the aof ADDJOB loads use -n (default 100000, quick 20000)")
     ap.add_argument("--e2e-procs", type=int, default=4,
                     help="load generator processes for e2e (half produce, half consume)")
     ap.add_argument("--time-limit", type=float, default=None,
@@ -778,13 +784,15 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     e2e_raw: dict[str, Any] = {}
     memory: dict[str, Any] = {}
+    spark: dict[str, Any] = {}
+    aof: dict[str, Any] = {}
     harness_error: str | None = None
     disque_error: str | None = None
     versions: dict[str, str | None] = {}
     with tempfile.TemporaryDirectory(prefix="disque-bench-") as tmp, _sigterm_as_interrupt():
         work = Path(tmp)
         try:
-            load_scenarios = [s for s in a.only if s not in ("memory", "cluster")]
+            load_scenarios = [s for s in a.only if s not in ("memory", "cluster", "spark", "aof")]
             if load_scenarios:
                 d: Server | None = disque_server(work, server_cpus)
                 r: Server | None = redis_server(work, server_cpus)
@@ -823,6 +831,17 @@ def main(argv: list[str] | None = None) -> int:
                 memory = scenario_memory(work, server_cpus, o, want_disque=disque_error is None)
                 if "error" in memory.get("disque", {}) and disque_error is None:
                     disque_error = memory["disque"]["error"]
+            if "aof" in a.only:
+                from benchmarks.aof import AofOptions, scenario_aof
+                aof_rows, aof = scenario_aof(work, server_cpus, o, AofOptions(
+                    n=a.requests or (20_000 if a.quick else 100_000),
+                    jobs=a.aof_jobs or (100_000 if a.quick else 1_000_000),
+                    disque_cmd=list(DISQUE_CMD)))
+                rows += aof_rows
+            if "spark" in a.only:
+                from benchmarks.spark_bench import scenario_spark
+                spark = scenario_spark(work, server_cpus,
+                                       a.spark_rows or (100_000 if a.quick else 500_000), _say)
         except KeyboardInterrupt:
             harness_error = "interrupted"
             _say("interrupted; servers stopped")
@@ -832,6 +851,12 @@ def main(argv: list[str] | None = None) -> int:
     by_key = {row.key: row for row in rows}
     targets = check_targets(by_key, memory)
     print_table(rows, memory, targets, ncpu, server_cpus is not None)
+    if spark:
+        from benchmarks.spark_bench import print_spark
+        print_spark(spark, _say)
+    if aof:
+        from benchmarks.aof import print_aof
+        print_aof(aof)
     if disque_error and not any(row.disque.ok for row in rows):
         _say("disque-py numbers are pending: the server did not run (see above).")
     doc = {
@@ -847,6 +872,8 @@ def main(argv: list[str] | None = None) -> int:
                   "disque": asdict(row.disque), "redis": asdict(row.redis)} for row in rows],
         "e2e": e2e_raw,
         "memory": memory,
+        "spark": spark,
+        "aof": aof,
         "targets": targets,
         "disque_error": disque_error,
         "harness_error": harness_error,

@@ -536,6 +536,9 @@ class Server:
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         cfg = self.cfg
+        # -LOADING from the first accepted command until the AOF is loaded *and* open for
+        # writing: a write accepted earlier would be acknowledged and never logged.
+        self.loading = bool(cfg.appendonly or cfg.aof_enqueue_jobs_once)
         if cfg.port:
             for addr in cfg.bind:
                 srv = await self.loop.create_server(lambda: Client(self), addr, cfg.port,

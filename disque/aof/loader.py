@@ -17,7 +17,7 @@ from typing import Any
 from disque.aof.format import AofFormatError, Incomplete, parse_record
 from disque.jobs.serialize import SerializeError, deserialize_job
 
-CHUNK = 1024 * 1024  # bytes per step: clients get -LOADING between steps
+CHUNK = 256 * 1024  # bytes per step (~1-2k jobs): clients get -LOADING between steps
 
 
 class AofLoadError(Exception):

@@ -45,14 +45,17 @@ class AofManager:
         appending. Raises AofLoadError when the file cannot be loaded."""
         cfg = self.cfg
         enqueue_once = cfg.aof_enqueue_jobs_once
-        if cfg.appendonly or enqueue_once:
-            if os.path.exists(self.path):
-                await self.load(enqueue_once)
-            elif enqueue_once:
-                raise AofLoadError(f"aof-enqueue-jobs-once is yes but the AOF {self.path} "
-                                   f"does not exist in {os.getcwd()}")
-        if cfg.appendonly:
-            self.open()
+        try:
+            if cfg.appendonly or enqueue_once:
+                if os.path.exists(self.path):
+                    await self.load(enqueue_once)
+                elif enqueue_once:
+                    raise AofLoadError(f"aof-enqueue-jobs-once is yes but the AOF "
+                                       f"{self.path} does not exist in {os.getcwd()}")
+            if cfg.appendonly:
+                self.open()
+        finally:
+            self.server.loading = False
         if enqueue_once:
             # Self-disabling: the queued state is restored once, never on a later restart.
             cfg.aof_enqueue_jobs_once = False
@@ -67,7 +70,7 @@ class AofManager:
         server = self.server
         loader = self.loader = AofLoader(self.path, self.node, enqueue_queued,
                                          self.cfg.aof_load_truncated)
-        server.loading = True
+        server.loading = True  # load_at_start clears it once the AOF is open too
         t0 = time.monotonic()
         last_log = t0
         try:
@@ -79,7 +82,6 @@ class AofManager:
                              jobs=loader.jobs_loaded)
                 await asyncio.sleep(0)  # let clients in: they get -LOADING
         finally:
-            server.loading = False
             self.loader = None
         if loader.truncated_at is not None:
             log.warning("aof.truncated", path=self.path, offset=loader.truncated_at,

@@ -31,7 +31,7 @@ from disque.jobs.job import ACTIVE, QUEUED, Job
 
 log = structlog.get_logger("disque.aof")
 
-REWRITE_SHARDS_PER_STEP = 64
+REWRITE_JOBS_PER_STEP = 2000  # a step writes whole shards until this many jobs are done
 INCREMENTAL_FSYNC_BYTES = 32 * 1024 * 1024  # aof-rewrite-incremental-fsync
 
 
@@ -204,16 +204,23 @@ class AppendOnlyFile:
         self.dirty = False
 
 
-def write_snapshot(jobs: Any, fd: int, shards: range, with_state: bool = True) -> int:
-    """Write a LOADJOB for every active or queued job in the given registry shards."""
+def write_snapshot(jobs: Any, fd: int, start: int, budget: int) -> tuple[int, int]:
+    """Write a LOADJOB for every active or queued job of the registry shards from `start`
+    until `budget` jobs were looked at; returns (next shard, bytes written)."""
     out = bytearray()
-    for i in shards:
-        for job in jobs.shard(i).values():
+    n = jobs.shard_count()
+    i = start
+    seen = 0
+    while i < n and seen < budget:
+        shard = jobs.shard(i)
+        seen += len(shard) + 1
+        for job in shard.values():
             if job.state == ACTIVE or job.state == QUEUED:
                 out += loadjob_record(job)
+        i += 1
     if out:
         write_all(fd, out)
-    return len(out)
+    return i, len(out)
 
 
 class Rewrite:
@@ -240,8 +247,8 @@ class Rewrite:
     def step(self) -> bool:
         """Write the next batch of shards; True when the rewrite is complete."""
         n = self.jobs.shard_count()
-        end = min(self.cursor + REWRITE_SHARDS_PER_STEP, n)
-        self.size += write_snapshot(self.jobs, self.fd, range(self.cursor, end))
+        end, written = write_snapshot(self.jobs, self.fd, self.cursor, REWRITE_JOBS_PER_STEP)
+        self.size += written
         self.cursor = end
         if self.incremental_fsync and self.size - self.synced_size >= INCREMENTAL_FSYNC_BYTES:
             os.fsync(self.fd)  # many small fsyncs instead of one huge one at the end

@@ -1,0 +1,561 @@
+"""The asyncio client: the same commands, node choice and failover rules as `Client`
+(see `disque.client.sync` for them), on redis-py's asyncio connection pools.
+
+    async with AsyncClient("disque://127.0.0.1:7711,127.0.0.1:7712") as c:
+        job_id = await c.add_job("q", b"payload")
+        [job] = await c.get_job("q", timeout=1000)
+        await c.ack_job(job.id)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import math
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import redis.asyncio as aioredis
+from redis.exceptions import AuthenticationError, ResponseError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from disque.client import calls, replies
+from disque.client.base import (
+    AddJobsResult,
+    ClientBase,
+    ConsumeStats,
+    NodesSpec,
+    chunks,
+    pack_pipeline,
+)
+from disque.client.calls import Call
+from disque.client.consumer import Heartbeats
+from disque.client.errors import (
+    DisqueConnectionError,
+    DisqueError,
+    LeavingError,
+    NoJobError,
+    TooLateError,
+    error_from_redis,
+)
+from disque.client.nodes import LEAVING_PRIORITY, Node, PrefixStats
+from disque.client.replies import Hello, Job
+
+T = TypeVar("T")
+NETWORK_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError, asyncio.TimeoutError)
+log = logging.getLogger("disque.client.aio")
+
+
+class AsyncClient(ClientBase):
+    """asyncio Disque client; constructor settings as `Client`."""
+
+    def __init__(self, nodes: NodesSpec, **kwargs: Any) -> None:
+        super().__init__(nodes, **kwargs)
+        self._pools: dict[str, aioredis.ConnectionPool] = {}
+        self._connecting: asyncio.Lock | None = None
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> AsyncClient:
+        return cls(url, **kwargs)
+
+    def _read_timeout(self, blocking_ms: int | None) -> float:
+        t = self.read_timeout(blocking_ms)
+        return math.inf if t is None else t
+
+    # -- connection management ----------------------------------------------------------------
+    def _pool(self, node: Node) -> aioredis.ConnectionPool:
+        pool = self._pools.get(node.addr)
+        if pool is None:
+            pool = aioredis.ConnectionPool(host=node.host, port=node.port,
+                                           **self.connection_kwargs)
+            self._pools[node.addr] = pool
+        return pool
+
+    async def connect(self) -> Node:
+        return await self._current()
+
+    async def aclose(self) -> None:
+        pools = list(self._pools.values())
+        self._pools.clear()
+        self.node = None
+        for pool in pools:
+            await pool.disconnect()
+
+    close = aclose
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _hello_on(self, node: Node) -> Hello:
+        pool = self._pool(node)
+        conn = await pool.get_connection()
+        try:
+            await conn.send_command("HELLO", check_health=False)
+            return replies.parse_hello(await conn.read_response())
+        except ResponseError as exc:
+            raise error_from_redis(exc) from None
+        except NETWORK_ERRORS:
+            await conn.disconnect()
+            raise
+        finally:
+            await pool.release(conn)
+
+    async def _connect(self) -> Node:
+        fallback: Node | None = None
+        errors: list[str] = []
+        for node in self.table.candidates():
+            try:
+                hello = await self._hello_on(node)
+            except AuthenticationError as exc:
+                raise error_from_redis(exc) from None
+            except (*NETWORK_ERRORS, DisqueError) as exc:
+                errors.append(f"{node.addr}: {exc}")
+                self.table.mark_failed(node.addr)
+                continue
+            self.table.mark_ok(node.addr)
+            if self.pick_after_hello(node, hello):
+                self.node = node
+                return node
+            fallback = fallback or node
+        if fallback is not None:
+            self.node = fallback
+            return fallback
+        raise DisqueConnectionError("no reachable node among "
+                                    f"{', '.join(self.seeds)}: {'; '.join(errors)}",
+                                    unreachable=True)
+
+    async def _current(self) -> Node:
+        node = self.node
+        if node is None:
+            if self._connecting is None:
+                self._connecting = asyncio.Lock()
+            async with self._connecting:
+                node = self.node or await self._connect()
+        elif self.hello_due():
+            try:
+                ok = self.pick_after_hello(node, await self._hello_on(node))
+            except (*NETWORK_ERRORS, DisqueError):
+                ok = False
+                self.table.mark_failed(node.addr)
+            if not ok and self.node is node:
+                self.node = None
+                node = await self._current()
+        return node
+
+    def _node_failed(self, node: Node) -> None:
+        self.table.mark_failed(node.addr)
+        if self.node is node:
+            self.node = None
+
+    async def use_node(self, node: Node | str) -> Node:
+        target = self.resolve(node)
+        assert target is not None
+        self.pick_after_hello(target, await self._hello_on(target))
+        self.node = target
+        return target
+
+    # -- sending -------------------------------------------------------------------------------
+    async def _execute(self, args: Sequence[Any], safe: bool, blocking_ms: int | None,
+                       pinned: Node | None = None) -> tuple[Any, Node]:
+        attempts = 0
+        again: Node | None = None
+        while True:
+            node = pinned or again or await self._current()
+            again = None
+            pool = self._pool(node)
+            try:
+                conn = await pool.get_connection()
+            except AuthenticationError as exc:
+                raise error_from_redis(exc) from None
+            except NETWORK_ERRORS as exc:
+                self._node_failed(node)
+                attempts += 1
+                if pinned is not None or attempts > self.retries + len(self.table):
+                    raise DisqueConnectionError(f"cannot connect to {node.addr}: {exc}",
+                                                unreachable=True) from exc
+                continue
+            try:
+                await conn.send_command(*args, check_health=False)
+                reply = await conn.read_response(timeout=self._read_timeout(blocking_ms))
+            except ResponseError as exc:
+                error = error_from_redis(exc)
+                if isinstance(error, LeavingError):
+                    self._node_failed(node)
+                    attempts += 1
+                    if safe and pinned is None and attempts <= self.retries:
+                        continue
+                raise error from None
+            except AuthenticationError as exc:
+                raise error_from_redis(exc) from None
+            except NETWORK_ERRORS as exc:
+                await conn.disconnect()
+                attempts += 1
+                if safe and attempts <= self.retries:
+                    again = node
+                    continue
+                self._node_failed(node)
+                raise DisqueConnectionError(f"connection to {node.addr} lost: {exc}") from exc
+            finally:
+                await pool.release(conn)
+            return reply, node
+
+    async def _run(self, call: Call[T], node: Node | str | None = None) -> T:
+        reply, _ = await self._execute(call.args, call.safe, call.blocking_ms,
+                                       self.resolve(node))
+        return call.parse(reply)
+
+    async def execute_command(self, *args: Any, safe: bool = False,
+                              node: Node | str | None = None) -> Any:
+        return await self._run(calls.raw(*args, safe=safe), node)
+
+    # -- jobs ----------------------------------------------------------------------------------
+    async def add_job(self, queue: str | bytes, body: str | bytes, timeout_ms: int = 5000, *,
+                      replicate: int | None = None, delay: int | None = None,
+                      retry: int | None = None, ttl: int | None = None,
+                      maxlen: int | None = None, async_: bool = False,
+                      dedup: str | bytes | None = None,
+                      allow_retry: bool | None = None) -> str:
+        return await self._run(calls.add_job(queue, body, timeout_ms, replicate=replicate,
+                                             delay=delay, retry=retry, ttl=ttl, maxlen=maxlen,
+                                             async_=async_, dedup=dedup,
+                                             allow_retry=allow_retry))
+
+    async def add_jobs(self, queue: str | bytes, bodies: Sequence[str | bytes],
+                       timeout_ms: int = 5000, *, replicate: int | None = None,
+                       delay: int | None = None, retry: int | None = None,
+                       ttl: int | None = None, maxlen: int | None = None,
+                       async_: bool = False, dedup_keys: Sequence[str | bytes] | None = None,
+                       allow_retry: bool | None = None, batch_size: int = 1000,
+                       node: Node | str | None = None) -> AddJobsResult:
+        n = len(bodies)
+        if dedup_keys is not None and len(dedup_keys) != n:
+            raise ValueError("dedup_keys must have one key per body")
+        safe = (dedup_keys is not None) if allow_retry is None else allow_retry
+        template = calls.addjob_args(queue, b"", timeout_ms, replicate=replicate, delay=delay,
+                                     retry=retry, ttl=ttl, maxlen=maxlen, async_=async_)
+        ids: list[str | None] = [None] * n
+        errors: list[DisqueError | None] = [None] * n
+        pinned = self.resolve(node)
+        for chunk in chunks(n, batch_size):
+            commands = []
+            for i in chunk:
+                args = list(template)
+                args[2] = bodies[i]
+                if dedup_keys is not None:
+                    args += ["DEDUP", dedup_keys[i]]
+                commands.append(args)
+            await self._pipeline(commands, list(chunk), ids, errors, safe, int(timeout_ms),
+                                 pinned)
+        return AddJobsResult(ids, errors)
+
+    async def _pipeline(self, commands: list[list[Any]], index: list[int],
+                        ids: list[str | None], errors: list[DisqueError | None], safe: bool,
+                        blocking_ms: int, pinned: Node | None) -> None:
+        todo = list(range(len(commands)))
+        attempts = 0
+        again: Node | None = None
+        timeout = self._read_timeout(blocking_ms)
+        while todo:
+            node = pinned or again or await self._current()
+            again = None
+            pool = self._pool(node)
+            try:
+                conn = await pool.get_connection()
+            except AuthenticationError as exc:
+                raise error_from_redis(exc) from None
+            except NETWORK_ERRORS as exc:
+                self._node_failed(node)
+                attempts += 1
+                if pinned is not None or attempts > self.retries + len(self.table):
+                    lost = DisqueConnectionError(f"cannot connect to {node.addr}: {exc}",
+                                                 unreachable=True)
+                    for k in todo:
+                        errors[index[k]] = lost
+                    return
+                continue
+            done = 0
+            try:
+                await conn.send_packed_command(
+                    pack_pipeline(conn, [commands[k] for k in todo]), check_health=False)
+                for k in todo:
+                    try:
+                        reply = await conn.read_response(timeout=timeout)
+                        ids[index[k]] = replies.parse_id(reply)
+                        errors[index[k]] = None
+                    except ResponseError as exc:
+                        errors[index[k]] = error_from_redis(exc)
+                    done += 1
+                todo = []
+            except NETWORK_ERRORS as exc:
+                await conn.disconnect()
+                todo = todo[done:]
+                attempts += 1
+                if safe and attempts <= self.retries:
+                    again = node
+                    continue
+                self._node_failed(node)
+                lost = DisqueConnectionError(f"connection to {node.addr} lost: {exc}")
+                for k in todo:
+                    errors[index[k]] = lost
+                return
+            finally:
+                await pool.release(conn)
+
+    async def get_job(self, *queues: str | bytes, timeout: int | None = None,
+                      count: int | None = None, nohang: bool = False,
+                      with_counters: bool = False) -> list[Job]:
+        return await self._run(calls.get_job(queues, timeout=timeout, count=count,
+                                             nohang=nohang, with_counters=with_counters))
+
+    async def _get_job_from(self, queues: Sequence[str | bytes], **kw: Any
+                            ) -> tuple[list[Job], Node]:
+        call = calls.get_job(queues, **kw)
+        reply, node = await self._execute(call.args, call.safe, call.blocking_ms)
+        return call.parse(reply), node
+
+    async def ack_job(self, *ids: str | bytes, node: Node | str | None = None) -> int:
+        return await self._run(calls.ack_job(*ids), node)
+
+    async def fast_ack(self, *ids: str | bytes, node: Node | str | None = None) -> int:
+        return await self._run(calls.fast_ack(*ids), node)
+
+    async def nack(self, *ids: str | bytes, node: Node | str | None = None) -> int:
+        return await self._run(calls.nack(*ids), node)
+
+    async def working(self, job_id: str | bytes, node: Node | str | None = None) -> int:
+        return await self._run(calls.working(job_id), node)
+
+    async def enqueue(self, *ids: str | bytes) -> int:
+        return await self._run(calls.enqueue(*ids))
+
+    async def dequeue(self, *ids: str | bytes) -> int:
+        return await self._run(calls.dequeue(*ids))
+
+    async def del_job(self, *ids: str | bytes) -> int:
+        return await self._run(calls.del_job(*ids))
+
+    async def show(self, job_id: str | bytes, node: Node | str | None = None
+                   ) -> dict[str, Any] | None:
+        return await self._run(calls.show(job_id), node)
+
+    # -- queues --------------------------------------------------------------------------------
+    async def qlen(self, queue: str | bytes) -> int:
+        return await self._run(calls.qlen(queue))
+
+    async def qstat(self, queue: str | bytes) -> dict[str, Any] | None:
+        return await self._run(calls.qstat(queue))
+
+    async def qpeek(self, queue: str | bytes, count: int) -> list[Job]:
+        return await self._run(calls.qpeek(queue, count))
+
+    async def pause(self, queue: str | bytes, *options: str) -> str:
+        return await self._run(calls.pause(queue, *options))
+
+    async def qscan(self, *, count: int | None = None, minlen: int | None = None,
+                    maxlen: int | None = None, importrate: int | None = None
+                    ) -> AsyncIterator[str]:
+        node = await self._current()
+        cursor = 0
+        while True:
+            cursor, names = await self._run(calls.qscan(cursor, count=count, minlen=minlen,
+                                                        maxlen=maxlen, importrate=importrate),
+                                            node)
+            for name in names:
+                yield name
+            if cursor == 0:
+                return
+
+    async def jscan(self, *, queue: str | bytes | None = None, states: Sequence[str] = (),
+                    count: int | None = None, reply: str = "id") -> AsyncIterator[Any]:
+        node = await self._current()
+        cursor = 0
+        while True:
+            cursor, items = await self._run(calls.jscan(cursor, count=count, queue=queue,
+                                                        states=states, reply=reply), node)
+            for item in items:
+                yield item
+            if cursor == 0:
+                return
+
+    # -- server --------------------------------------------------------------------------------
+    async def info(self, section: str | None = None) -> dict[str, Any]:
+        return await self._run(calls.info(section))
+
+    async def hello(self) -> Hello:
+        node = await self._current()
+        hello = await self._run(calls.hello(), node)
+        self.pick_after_hello(node, hello)
+        return hello
+
+    async def ping(self) -> str:
+        return await self._run(calls.ping())
+
+    # -- consumer ------------------------------------------------------------------------------
+    async def consume(self, queues: str | Sequence[str],
+                      handler: Callable[[Job], Awaitable[Any] | Any], *, concurrency: int = 1,
+                      stop_event: asyncio.Event | None = None, count: int = 1,
+                      poll_ms: int = 1000, max_jobs: int | None = None, working: bool = True,
+                      heartbeat_after: float = 0.2, follow_producers: bool = True,
+                      follow_every: int = 100, handle_signals: bool = True,
+                      with_counters: bool = True, error_backoff: float = 0.5) -> ConsumeStats:
+        """The asyncio twin of `Client.consume`: `concurrency` tasks; `handler` may be a
+        coroutine function or a plain function."""
+        qs = [queues] if isinstance(queues, str) else list(queues)
+        stop = stop_event or asyncio.Event()
+        stats = ConsumeStats()
+        beats = Heartbeats(first_check=heartbeat_after)
+        prefixes = PrefixStats()
+        reserved = 0
+        since_follow = 0
+        wake = asyncio.Event()
+
+        def reserve() -> int:
+            nonlocal reserved
+            if max_jobs is None:
+                return count
+            want = min(count, max_jobs - reserved)
+            if want <= 0:
+                return 0
+            reserved += want
+            return want
+
+        def error(text: str) -> None:
+            log.warning("consumer.error %s", text)
+            if len(stats.errors) < 100:
+                stats.errors.append(text)
+
+        async def finish(job: Job, node: Node, ok: bool) -> None:
+            try:
+                if ok:
+                    await self.ack_job(job.id, node=node)
+                    stats.acked += 1
+                else:
+                    await self.nack(job.id, node=node)
+                    stats.nacked += 1
+            except DisqueError as exc:
+                problem = exc
+            else:
+                return
+            if ok:
+                try:
+                    await self.ack_job(job.id)
+                    stats.acked += 1
+                    return
+                except DisqueError as exc:
+                    problem = exc
+            error(f"{job.id}: {problem}")
+
+        async def follow(jobs: list[Job]) -> None:
+            nonlocal since_follow
+            for job in jobs:
+                prefixes.observe(job.id)
+            since_follow += len(jobs)
+            if since_follow < follow_every:
+                return
+            since_follow = 0
+            prefix = prefixes.preferred()
+            current = self.node
+            if prefix is None or current is None or current.prefix == prefix:
+                return
+            target = self.table.by_prefix(prefix)
+            if (target is None or target.priority >= LEAVING_PRIORITY
+                    or self.table.is_cooling(target.addr)):
+                return
+            try:
+                await self.use_node(target)
+                stats.switches += 1
+            except (DisqueError, OSError) as exc:
+                error(f"moving to {target.addr}: {exc}")
+
+        async def worker() -> None:
+            nonlocal reserved
+            while not stop.is_set():
+                want = reserve()
+                if want == 0:
+                    stop.set()
+                    return
+                try:
+                    jobs, node = await self._get_job_from(qs, timeout=poll_ms, count=want,
+                                                          with_counters=with_counters)
+                except DisqueError as exc:
+                    if max_jobs is not None:
+                        reserved -= want
+                    error(f"GETJOB: {exc}")
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(stop.wait(), error_backoff)
+                    continue
+                if max_jobs is not None:
+                    reserved -= want - len(jobs)
+                for job in jobs:
+                    stats.received += 1
+                    if working:
+                        beats.add(job.id, node, time.monotonic())
+                        wake.set()
+                    try:
+                        result = handler(job)
+                        if inspect.isawaitable(result):
+                            await result
+                    except Exception as exc:  # noqa: BLE001 - any failure means NACK
+                        beats.remove(job.id)
+                        log.warning("consumer.nack job=%s error=%r", job.id, exc)
+                        await finish(job, node, False)
+                    else:
+                        beats.remove(job.id)
+                        await finish(job, node, True)
+                if jobs and follow_producers:
+                    await follow(jobs)
+
+        async def heartbeat() -> None:
+            while True:
+                nxt = beats.next_due()
+                wait = 0.5 if nxt is None else max(0.0, nxt - time.monotonic())
+                wake.clear()
+                if wait > 0:
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(wake.wait(), min(wait, 0.5))
+                for entry in beats.due(time.monotonic()):
+                    try:
+                        if not entry.checked:
+                            show = await self.show(entry.job_id, node=entry.node)
+                            if entry.job_id in beats.jobs:
+                                beats.on_show(entry, show, time.monotonic())
+                            continue
+                        retry: int | None = await self.working(entry.job_id, node=entry.node)
+                        stats.working += 1
+                    except (NoJobError, TooLateError):
+                        retry = None
+                    except DisqueError as exc:
+                        error(f"WORKING {entry.job_id}: {exc}")
+                        retry = None
+                    if entry.job_id in beats.jobs:
+                        beats.on_working(entry, retry, time.monotonic())
+
+        loop = asyncio.get_running_loop()
+        installed: list[int] = []
+        if handle_signals:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                try:
+                    loop.add_signal_handler(sig, stop.set)
+                    installed.append(sig)
+                except (NotImplementedError, RuntimeError, ValueError):
+                    pass
+        beat_task = asyncio.create_task(heartbeat()) if working else None
+        try:
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+        finally:
+            stop.set()
+            if beat_task is not None:
+                beat_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await beat_task
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+        return stats

@@ -1,0 +1,427 @@
+"""The blocking client: redis-py connection pools, one per node, and the failover loop.
+
+Every command goes through `_execute`: take a connection to the current node from its pool,
+send, read, give the connection back. What happens on trouble:
+
+- the connection cannot be made: nothing was sent, so the command moves to the next node
+  whatever it is (this is also how the first node is found);
+- the connection breaks after sending, or the node answers -LEAVING: a command marked safe
+  (see `calls`) is sent again, first to the same node if it still accepts connections (a
+  DEDUP'ed ADDJOB is only idempotent there), else to another; an unsafe one raises
+  `DisqueConnectionError` / `LeavingError` so the caller decides;
+- any other error reply raises its typed exception and changes nothing.
+
+A client is safe to share between threads: each command uses its own pooled connection.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+import redis
+from redis.exceptions import AuthenticationError, ResponseError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from disque.client import calls, replies
+from disque.client.base import (
+    AddJobsResult,
+    ClientBase,
+    ConsumeStats,
+    NodesSpec,
+    chunks,
+    pack_pipeline,
+)
+from disque.client.calls import Call
+from disque.client.errors import (
+    DisqueConnectionError,
+    DisqueError,
+    LeavingError,
+    error_from_redis,
+)
+from disque.client.nodes import Node
+from disque.client.replies import Hello, Job
+
+T = TypeVar("T")
+NETWORK_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+class Client(ClientBase):
+    """Blocking Disque client. `Client(["127.0.0.1:7711", "127.0.0.1:7712"])` or
+    `Client("disque://127.0.0.1:7711,127.0.0.1:7712")`; connects lazily (or on `connect()`)
+    to a random reachable node, preferring the lowest HELLO priority.
+
+    Keyword settings: `password`, `protocol` (2 or 3; default redis-py's), `socket_timeout`,
+    `connect_timeout`, `retries` (resends of a safe command after a failure),
+    `hello_interval` (seconds between HELLO refreshes), `cooldown` (seconds a failed node is
+    tried last), `discover` (False: use only the given nodes, not what HELLO lists),
+    `client_name`, `max_connections` (per node pool); other keywords go to redis-py's
+    connection class."""
+
+    def __init__(self, nodes: NodesSpec, **kwargs: Any) -> None:
+        super().__init__(nodes, **kwargs)
+        self._pools: dict[str, redis.ConnectionPool] = {}
+        self._lock = threading.RLock()
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> Client:
+        return cls(url, **kwargs)
+
+    # -- connection management ----------------------------------------------------------------
+    def _pool(self, node: Node) -> redis.ConnectionPool:
+        pool = self._pools.get(node.addr)
+        if pool is None:
+            with self._lock:
+                pool = self._pools.get(node.addr)
+                if pool is None:
+                    pool = redis.ConnectionPool(host=node.host, port=node.port,
+                                                **self.connection_kwargs)
+                    self._pools[node.addr] = pool
+        return pool
+
+    def connect(self) -> Node:
+        """Connect now (if not yet) and return the node the client is on."""
+        return self._current()
+
+    def close(self) -> None:
+        with self._lock:
+            for pool in self._pools.values():
+                pool.disconnect()
+            self._pools.clear()
+            self.node = None
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _hello_on(self, node: Node) -> Hello:
+        pool = self._pool(node)
+        conn = pool.get_connection()
+        try:
+            conn.send_command("HELLO", check_health=False)
+            return replies.parse_hello(conn.read_response())
+        except ResponseError as exc:
+            raise error_from_redis(exc) from None
+        except NETWORK_ERRORS:
+            conn.disconnect()
+            raise
+        finally:
+            pool.release(conn)
+
+    def _connect(self, exclude: Sequence[str] = ()) -> Node:
+        """Try the candidates in order until one answers HELLO; become its client."""
+        fallback: Node | None = None
+        errors: list[str] = []
+        for node in self.table.candidates(exclude):
+            try:
+                hello = self._hello_on(node)
+            except AuthenticationError as exc:
+                raise error_from_redis(exc) from None
+            except (*NETWORK_ERRORS, DisqueError) as exc:
+                errors.append(f"{node.addr}: {exc}")
+                self.table.mark_failed(node.addr)
+                continue
+            self.table.mark_ok(node.addr)
+            if self.pick_after_hello(node, hello):
+                self.node = node
+                return node
+            fallback = fallback or node  # leaving: only if nothing better answers
+        if fallback is not None:
+            self.node = fallback
+            return fallback
+        raise DisqueConnectionError("no reachable node among "
+                                    f"{', '.join(self.seeds)}: {'; '.join(errors)}",
+                                    unreachable=True)
+
+    def _current(self) -> Node:
+        node = self.node
+        if node is None:
+            with self._lock:
+                node = self.node or self._connect()
+        elif self.hello_due():
+            try:
+                ok = self.pick_after_hello(node, self._hello_on(node))
+            except (*NETWORK_ERRORS, DisqueError):
+                ok = False
+                self.table.mark_failed(node.addr)
+            if not ok:
+                with self._lock:
+                    if self.node is node:
+                        self.node = None
+                        node = self._connect()
+        return node
+
+    def _node_failed(self, node: Node) -> None:
+        self.table.mark_failed(node.addr)
+        with self._lock:
+            if self.node is node:
+                self.node = None
+
+    def use_node(self, node: Node | str) -> Node:
+        """Move the client to `node` (an address or a known Node) for the next commands."""
+        target = self.resolve(node)
+        assert target is not None
+        hello = self._hello_on(target)
+        self.pick_after_hello(target, hello)
+        with self._lock:
+            self.node = target
+        return target
+
+    # -- the one place commands are sent -------------------------------------------------------
+    def _execute(self, args: Sequence[Any], safe: bool, blocking_ms: int | None,
+                 pinned: Node | None = None) -> tuple[Any, Node]:
+        attempts = 0
+        again: Node | None = None  # after a lost reply: the same node once more
+        while True:
+            node = pinned or again or self._current()
+            again = None
+            pool = self._pool(node)
+            try:
+                conn = pool.get_connection()
+            except AuthenticationError as exc:
+                raise error_from_redis(exc) from None
+            except NETWORK_ERRORS as exc:
+                # nothing was sent: any command may go elsewhere
+                self._node_failed(node)
+                attempts += 1
+                if pinned is not None or attempts > self.retries + len(self.table):
+                    raise DisqueConnectionError(f"cannot connect to {node.addr}: {exc}",
+                                                unreachable=True) from exc
+                continue
+            try:
+                conn.send_command(*args, check_health=False)
+                reply = conn.read_response(timeout=self.read_timeout(blocking_ms))
+            except ResponseError as exc:
+                error = error_from_redis(exc)
+                if isinstance(error, LeavingError):
+                    self._node_failed(node)
+                    attempts += 1
+                    if safe and pinned is None and attempts <= self.retries:
+                        continue
+                raise error from None
+            except AuthenticationError as exc:
+                raise error_from_redis(exc) from None
+            except NETWORK_ERRORS as exc:
+                conn.disconnect()
+                attempts += 1
+                if safe and attempts <= self.retries:
+                    again = node
+                    continue
+                self._node_failed(node)
+                raise DisqueConnectionError(f"connection to {node.addr} lost: {exc}") from exc
+            finally:
+                pool.release(conn)
+            return reply, node
+
+    def _run(self, call: Call[T], node: Node | str | None = None) -> T:
+        reply, _ = self._execute(call.args, call.safe, call.blocking_ms, self.resolve(node))
+        return call.parse(reply)
+
+    def execute_command(self, *args: Any, safe: bool = False, node: Node | str | None = None
+                        ) -> Any:
+        """Send any command; the reply as redis-py parsed it. `safe=True` lets it be resent
+        after a failure."""
+        return self._run(calls.raw(*args, safe=safe), node)
+
+    # -- jobs ----------------------------------------------------------------------------------
+    def add_job(self, queue: str | bytes, body: str | bytes, timeout_ms: int = 5000, *,
+                replicate: int | None = None, delay: int | None = None,
+                retry: int | None = None, ttl: int | None = None, maxlen: int | None = None,
+                async_: bool = False, dedup: str | bytes | None = None,
+                allow_retry: bool | None = None) -> str:
+        """ADDJOB; returns the job ID. TTL, RETRY and DELAY are in seconds, `timeout_ms` is
+        how long the node may wait for replication. After a lost reply the ADDJOB is resent
+        only if `allow_retry` (default: only when a `dedup` key makes it idempotent)."""
+        return self._run(calls.add_job(queue, body, timeout_ms, replicate=replicate, delay=delay,
+                                       retry=retry, ttl=ttl, maxlen=maxlen, async_=async_,
+                                       dedup=dedup, allow_retry=allow_retry))
+
+    def add_jobs(self, queue: str | bytes, bodies: Sequence[str | bytes],
+                 timeout_ms: int = 5000, *, replicate: int | None = None,
+                 delay: int | None = None, retry: int | None = None, ttl: int | None = None,
+                 maxlen: int | None = None, async_: bool = False,
+                 dedup_keys: Sequence[str | bytes] | None = None,
+                 allow_retry: bool | None = None, batch_size: int = 1000,
+                 node: Node | str | None = None) -> AddJobsResult:
+        """Many ADDJOBs pipelined, `batch_size` per round trip. Never raises for one job's
+        error: see `AddJobsResult`. With `dedup_keys` (one per body) a batch whose replies
+        were lost is resent, and the node answers the IDs of the jobs it already added."""
+        n = len(bodies)
+        if dedup_keys is not None and len(dedup_keys) != n:
+            raise ValueError("dedup_keys must have one key per body")
+        safe = (dedup_keys is not None) if allow_retry is None else allow_retry
+        template = calls.addjob_args(queue, b"", timeout_ms, replicate=replicate, delay=delay,
+                                     retry=retry, ttl=ttl, maxlen=maxlen, async_=async_)
+        ids: list[str | None] = [None] * n
+        errors: list[DisqueError | None] = [None] * n
+        pinned = self.resolve(node)
+        blocking = int(timeout_ms)
+        for chunk in chunks(n, batch_size):
+            commands = []
+            for i in chunk:
+                args = list(template)
+                args[2] = bodies[i]
+                if dedup_keys is not None:
+                    args += ["DEDUP", dedup_keys[i]]
+                commands.append(args)
+            self._pipeline(commands, list(chunk), ids, errors, safe, blocking, pinned)
+        return AddJobsResult(ids, errors)
+
+    def _pipeline(self, commands: list[list[Any]], index: list[int], ids: list[str | None],
+                  errors: list[DisqueError | None], safe: bool, blocking_ms: int,
+                  pinned: Node | None) -> None:
+        """Send `commands` (ADDJOBs for positions `index`) in one round trip; fill ids/errors.
+        Replies lost to a broken connection are resent when `safe`, the same node first."""
+        todo = list(range(len(commands)))
+        attempts = 0
+        again: Node | None = None
+        timeout = self.read_timeout(blocking_ms)
+        while todo:
+            node = pinned or again or self._current()
+            again = None
+            pool = self._pool(node)
+            try:
+                conn = pool.get_connection()
+            except AuthenticationError as exc:
+                raise error_from_redis(exc) from None
+            except NETWORK_ERRORS as exc:
+                self._node_failed(node)
+                attempts += 1
+                if pinned is not None or attempts > self.retries + len(self.table):
+                    lost = DisqueConnectionError(f"cannot connect to {node.addr}: {exc}",
+                                                 unreachable=True)
+                    for k in todo:
+                        errors[index[k]] = lost
+                    return
+                continue
+            done = 0
+            try:
+                conn.send_packed_command(pack_pipeline(conn, [commands[k] for k in todo]),
+                                         check_health=False)
+                for k in todo:
+                    try:
+                        ids[index[k]] = replies.parse_id(conn.read_response(timeout=timeout))
+                        errors[index[k]] = None
+                    except ResponseError as exc:
+                        errors[index[k]] = error_from_redis(exc)
+                    done += 1
+                todo = []
+            except NETWORK_ERRORS as exc:
+                conn.disconnect()
+                todo = todo[done:]
+                attempts += 1
+                if safe and attempts <= self.retries:
+                    again = node
+                    continue
+                self._node_failed(node)
+                lost = DisqueConnectionError(f"connection to {node.addr} lost: {exc}")
+                for k in todo:
+                    errors[index[k]] = lost
+                return
+            finally:
+                pool.release(conn)
+
+    def get_job(self, *queues: str | bytes, timeout: int | None = None,
+                count: int | None = None, nohang: bool = False,
+                with_counters: bool = False) -> list[Job]:
+        """GETJOB ... FROM queues. `timeout` in ms (None: wait for a job, as the node's
+        default); [] when nothing came. Always resent elsewhere after a failure."""
+        return self._run(calls.get_job(queues, timeout=timeout, count=count, nohang=nohang,
+                                       with_counters=with_counters))
+
+    def _get_job_from(self, queues: Sequence[str | bytes], **kw: Any) -> tuple[list[Job], Node]:
+        call = calls.get_job(queues, **kw)
+        reply, node = self._execute(call.args, call.safe, call.blocking_ms)
+        return call.parse(reply), node
+
+    def ack_job(self, *ids: str | bytes, node: Node | str | None = None) -> int:
+        return self._run(calls.ack_job(*ids), node)
+
+    def fast_ack(self, *ids: str | bytes, node: Node | str | None = None) -> int:
+        return self._run(calls.fast_ack(*ids), node)
+
+    def nack(self, *ids: str | bytes, node: Node | str | None = None) -> int:
+        return self._run(calls.nack(*ids), node)
+
+    def working(self, job_id: str | bytes, node: Node | str | None = None) -> int:
+        return self._run(calls.working(job_id), node)
+
+    def enqueue(self, *ids: str | bytes) -> int:
+        return self._run(calls.enqueue(*ids))
+
+    def dequeue(self, *ids: str | bytes) -> int:
+        return self._run(calls.dequeue(*ids))
+
+    def del_job(self, *ids: str | bytes) -> int:
+        return self._run(calls.del_job(*ids))
+
+    def show(self, job_id: str | bytes, node: Node | str | None = None) -> dict[str, Any] | None:
+        return self._run(calls.show(job_id), node)
+
+    # -- queues --------------------------------------------------------------------------------
+    def qlen(self, queue: str | bytes) -> int:
+        return self._run(calls.qlen(queue))
+
+    def qstat(self, queue: str | bytes) -> dict[str, Any] | None:
+        return self._run(calls.qstat(queue))
+
+    def qpeek(self, queue: str | bytes, count: int) -> list[Job]:
+        return self._run(calls.qpeek(queue, count))
+
+    def pause(self, queue: str | bytes, *options: str) -> str:
+        return self._run(calls.pause(queue, *options))
+
+    def qscan(self, *, count: int | None = None, minlen: int | None = None,
+              maxlen: int | None = None, importrate: int | None = None) -> Iterator[str]:
+        """Every queue name of the current node (QSCAN until the cursor is 0)."""
+        node = self._current()  # a cursor is only meaningful on the node that gave it
+        cursor = 0
+        while True:
+            cursor, names = self._run(calls.qscan(cursor, count=count, minlen=minlen,
+                                                  maxlen=maxlen, importrate=importrate), node)
+            yield from names
+            if cursor == 0:
+                return
+
+    def jscan(self, *, queue: str | bytes | None = None, states: Sequence[str] = (),
+              count: int | None = None, reply: str = "id") -> Iterator[Any]:
+        """Every job of the current node: IDs, or SHOW dicts with `reply="all"`."""
+        node = self._current()
+        cursor = 0
+        while True:
+            cursor, items = self._run(calls.jscan(cursor, count=count, queue=queue,
+                                                  states=states, reply=reply), node)
+            yield from items
+            if cursor == 0:
+                return
+
+    # -- server --------------------------------------------------------------------------------
+    def info(self, section: str | None = None) -> dict[str, Any]:
+        return self._run(calls.info(section))
+
+    def hello(self) -> Hello:
+        """HELLO on the current node; the node list is refreshed from it."""
+        node = self._current()
+        hello = self._run(calls.hello(), node)
+        self.pick_after_hello(node, hello)
+        return hello
+
+    def ping(self) -> str:
+        return self._run(calls.ping())
+
+    # -- consumer ------------------------------------------------------------------------------
+    def consume(self, queues: str | Sequence[str], handler: Callable[[Job], Any], *,
+                concurrency: int = 1, stop_event: threading.Event | None = None,
+                **options: Any) -> ConsumeStats:
+        """Run workers until `stop_event` is set, SIGINT/SIGTERM, or `max_jobs`: GETJOB,
+        `handler(job)`, ACKJOB on success, NACK on exception, WORKING while a handler runs
+        long. See `disque.client.consumer.Consumer` for the options."""
+        from disque.client.consumer import Consumer
+
+        consumer = Consumer(self, [queues] if isinstance(queues, str) else list(queues),
+                            handler, concurrency=concurrency, stop_event=stop_event, **options)
+        return consumer.run()

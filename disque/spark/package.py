@@ -1,0 +1,74 @@
+"""Build the zip Spark ships to executors that do not have disque-py installed:
+
+    python -m disque.spark.package --out dist/disque-py.zip      # (make spark-zip)
+    spark-submit --py-files dist/disque-py.zip my_job.py
+    # or: .config("spark.submit.pyFiles", "dist/disque-py.zip"), or sc.addPyFile(...)
+
+It holds what the executors import: `disque/__init__.py`, `disque/client`, `disque/spark`,
+and (unless `--no-redis`) redis-py, which is pure Python. hiredis is a C extension and cannot
+be shipped in a zip: where the workers have it installed, redis-py and the client use it
+(several times faster packing and parsing); without it they fall back to pure Python.
+The server itself is not included: executors never run it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import zipfile
+from pathlib import Path
+
+PACKAGES = ("disque/client", "disque/spark")
+
+
+def _add_tree(zf: zipfile.ZipFile, root: Path, base: Path) -> int:
+    n = 0
+    for path in sorted(root.rglob("*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        zf.write(path, path.relative_to(base).as_posix())
+        n += 1
+    return n
+
+
+def build(out: Path, with_redis: bool = True) -> list[str]:
+    """Write the zip; returns the top-level packages it contains."""
+    import disque
+
+    disque_dir = Path(disque.__file__).resolve().parent
+    base = disque_dir.parent
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    contents = ["disque"]
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.write(disque_dir / "__init__.py", "disque/__init__.py")
+        for pkg in PACKAGES:
+            _add_tree(zf, base / pkg, base)
+        if with_redis:
+            spec = importlib.util.find_spec("redis")
+            if spec is None or spec.origin is None:
+                raise SystemExit("redis-py is not installed here: pip install redis")
+            redis_dir = Path(spec.origin).parent
+            _add_tree(zf, redis_dir, redis_dir.parent)
+            contents.append("redis")
+    os.replace(tmp, out)
+    return contents
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m disque.spark.package", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="dist/disque-py.zip", help="zip to write")
+    ap.add_argument("--no-redis", action="store_true",
+                    help="leave redis-py out (the workers have it installed)")
+    a = ap.parse_args(argv)
+    out = Path(a.out)
+    contents = build(out, with_redis=not a.no_redis)
+    print(f"{out}: {', '.join(contents)} ({out.stat().st_size // 1024} KiB); ship it with "
+          f"--py-files {out} or spark.submit.pyFiles")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

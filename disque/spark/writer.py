@@ -1,0 +1,101 @@
+"""`write_jobs`: a DataFrame's rows become jobs, produced from `foreachPartition` on the
+executors (one client per partition, partition p on node p mod N, pipelined batches,
+DEDUP keys for idempotent task retries; see `producer` for the guarantee and its limits).
+Added and failed rows are counted with Spark accumulators: Spark applies the accumulator
+updates of successful task attempts only, so a retried partition is not counted twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from disque.spark.producer import (
+    PartitionProducer,
+    ProducerConfig,
+    normalize_nodes,
+    row_records,
+)
+
+log = logging.getLogger("disque.spark.writer")
+
+
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    """Rows added as jobs (including rows a retried task found already added) and rows that
+    could not be added after the retries."""
+
+    added: int
+    failed: int
+
+
+def _task_partition() -> int:
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    return ctx.partitionId() if ctx is not None else 0
+
+
+def write_jobs(df: Any, queue: str, nodes: str | Iterable[str], body_col: str = "body",
+               replicate: int | None = None, retry: int | None = None,
+               ttl: int | None = None, batch_size: int = 500, body_format: str = "raw",
+               dedup: bool = True, dedup_key_col: str | None = None, *,
+               delay: int | None = None, maxlen: int | None = None,
+               timeout_ms: int = 5000, async_: bool = False,
+               body_fn: Callable[[Any], Any] | None = None,
+               dedup_prefix: str | None = None, max_attempts: int = 8, overlap: bool = True,
+               connections: int | None = None,
+               password: str | None = None, protocol: int | None = None,
+               client_options: dict[str, Any] | None = None) -> WriteResult:
+    """Add one job per row of `df` to `queue`, from the executors.
+
+    - `nodes`: `"h:p,h:p"`, `"disque://h:p,..."` or a list; partition p goes to
+      `nodes[p % len(nodes)]` (the next node only if that one is down).
+    - `body_col` / `body_format`: `"raw"` uses that column (string or binary), `"json"` the
+      whole row as a JSON object; `body_fn(row)` computes the body instead.
+    - `replicate`, `retry`, `ttl`, `delay`, `maxlen`, `async_`, `timeout_ms`: ADDJOB's
+      options (None: the node's defaults).
+    - `dedup` (default on): every row carries a DEDUP key, `<write id>:<partition>:<row>`,
+      or the value of `dedup_key_col`; a retried task does not add the rows again. The write
+      id is random per call unless `dedup_prefix` is given.
+    - `batch_size` ADDJOBs per round trip; transient errors retried `max_attempts` times;
+      with `overlap` a batch is sent while the next one is read from Spark. A synchronous
+      replicated ADDJOB holds its connection until its copies are confirmed, so such
+      batches are split over `connections` connections per partition (default 8; 1 for
+      `replicate=1` or `async_`).
+
+    Returns `WriteResult(added, failed)`; it does not raise for failed rows."""
+    cfg = ProducerConfig(
+        nodes=normalize_nodes(nodes), queue=queue, timeout_ms=timeout_ms, replicate=replicate,
+        retry=retry, ttl=ttl, delay=delay, maxlen=maxlen, async_=async_,
+        batch_size=batch_size, dedup=dedup,
+        dedup_prefix=(dedup_prefix or uuid.uuid4().hex[:16]) if dedup else "",
+        max_attempts=max_attempts, overlap=overlap, connections=connections,
+        client_options={k: v for k, v in dict(client_options or {}, password=password,
+                                                 protocol=protocol).items() if v is not None})
+    if body_format not in ("raw", "json"):
+        raise ValueError("body_format must be 'raw' or 'json'")
+    if body_fn is None and body_format == "raw" and body_col not in df.columns:
+        raise ValueError(f"no column {body_col!r} in the DataFrame (columns: {df.columns})")
+    if dedup_key_col is not None and dedup_key_col not in df.columns:
+        raise ValueError(f"no column {dedup_key_col!r} for the dedup key")
+    sc = df.sparkSession.sparkContext
+    added = sc.accumulator(0)
+    failed = sc.accumulator(0)
+
+    def produce(rows: Iterator[Any]) -> None:
+        partition = _task_partition()
+        producer = PartitionProducer(cfg, partition)
+        result = producer.run(row_records(rows, body_col, body_format,
+                                          dedup_key_col if dedup else None, body_fn))
+        added.add(result.added)
+        failed.add(result.failed)
+        if result.errors:
+            log.warning("write_jobs.partition partition=%s added=%s failed=%s errors=%s",
+                        partition, result.added, result.failed, result.errors[:3])
+
+    df.foreachPartition(produce)
+    return WriteResult(added.value, failed.value)
