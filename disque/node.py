@@ -328,6 +328,8 @@ class Node(ClusterJobs):
         job.flags |= F_DELIVERED
         q.jobs_out += 1
         q.atime = now
+        if len(job.delivered) > 1:
+            self.schedule_job(job)  # active with other holders: WILLQUEUE before requeueing
         return job
 
     def requeue_time(self, job: Job, now: int) -> int:

@@ -267,7 +267,9 @@ class ClusterJobs:
             rep.cancel()
         if rep is not None and rep.external:
             confirmed = [n for n in job.confirmed if n != self.myself]
-            self.send(self.rng.choice(confirmed), EnqueueJob(self.header(), job.id, job.delay))
+            if confirmed:  # (none when a SETACK "achieves" it first: nothing to queue)
+                self.send(self.rng.choice(confirmed),
+                          EnqueueJob(self.header(), job.id, job.delay))
             job.state = ACTIVE  # never logged: the local copy is dropped
             self.unregister(job)
         else:
@@ -514,10 +516,12 @@ class ClusterJobs:
                     q.needjobs_adhoc_attempt += 1
         delay = min(NEEDJOBS_BCAST_MS << q.needjobs_bcast_attempt, NEEDJOBS_BCAST_MAX_MS)
         if now - q.needjobs_bcast_time >= delay:
-            reachable = self.reachable_others()
-            if reachable:
+            # Every node of the table, leaving ones included: a leaving node is still a
+            # source (it drains), as in the original.
+            others = [n for n in self.reachable_or_known() if n != self.myself]
+            if others:
                 msg = NeedJobs(self.header(), q.name, 1)
-                for n in reachable:
+                for n in others:
                     self.send(n, msg)
             q.needjobs_bcast_time = now
             if q.needjobs_bcast_attempt < 5:

@@ -293,11 +293,15 @@ class SimNetwork:
         for msg in dest.decoder.feed(frame):
             self._delivering = msg
             try:
-                self._call(node, node.membership.link_message, dest, msg, peer_ip)
+                self._deliver(node, dest, msg, peer_ip)
             finally:
                 self._delivering = None
             if not dest.open:
                 break
+
+    def _deliver(self, node: SimNode, dest: SimLink, msg: Message, peer_ip: bytes) -> None:
+        """Hand one decoded message to the node (subclasses route the job messages)."""
+        self._call(node, node.membership.link_message, dest, msg, peer_ip)
 
     def _release(self) -> None:
         """After heal/resume: stalled streams flow again, in order."""

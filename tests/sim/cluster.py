@@ -1,0 +1,414 @@
+"""Whole Disque nodes on the simulated network: membership *and* jobs, one fake clock.
+
+`SimCluster` extends `SimNetwork` (tests/sim/network.py): every simulated host runs a full
+`disque.node.Node` whose `membership` is the host's `Membership`. The network carries the
+job messages exactly like the server does:
+
+- the node's outbox (`node.out`, (node id, message) pairs) is drained after every event on
+  that host and each message goes out on the host's outbound link to that node, if it has
+  one (no link: dropped, as `Server.route_out`); it is encoded and decoded through the real
+  codec by the network;
+- a job message arriving on a link goes to `node.on_message` if its sender is a known,
+  non-handshake node (as `Server.on_job_message`); membership messages go to Membership;
+- the node's timer wheel is driven by wake-up events at `node.next_due()`, calling
+  `node.tick(now)` (a paused host wakes when resumed; a crashed one loses its Node: there
+  is no AOF here, a restart comes back with an empty job table and its saved nodes.conf).
+
+Clients are plain objects calling node methods (`add_job` + `wait_replication`, `get_jobs` +
+`block`, `ackjob`, `fastack`, `working`, `enqueue_jobs`) as the command layer does; each call
+is one event. `Worker` is a consumer that keeps a GETJOB blocked on its node, records every
+delivery in `SimCluster.deliveries` and acknowledges after a processing time (on another
+node if its own crashed: a client failing over), or gives some jobs back with NACK.
+
+With `check_jobs` (on by default) every event is followed by the node invariant "a job is
+in its queue iff its state is queued" on the host that ran it, for every job ID the cluster
+has seen (on the bus, from ADDJOB or ACKJOB): scanning the registry's 4096 shards after
+every event would cost more than the simulation itself. `check_all` scans everything.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+from disque.cluster.jobs import ReplWaiter
+from disque.cluster.membership import TICK_MS
+from disque.cluster.messages import JOB_TYPES, Message
+from disque.cluster.nodes import HANDSHAKE
+from disque.jobs.job import QUEUED, WAIT_REPL, Job
+from disque.node import Node, Waiter
+from disque.protocol.errors import CommandError
+from tests.sim.network import SimLink, SimNetwork, SimNode
+
+
+class AddResult(ReplWaiter):
+    """The outcome of one ADDJOB: `ok` (job id) or `error` once answered."""
+
+    def __init__(self, net: SimCluster, idx: int) -> None:
+        self.net = net
+        self.idx = idx
+        self.ok: bytes | None = None
+        self.error: CommandError | None = None
+        self.at = 0  # when it was answered
+        self.lost = False  # the node crashed before answering: the client saw no reply
+
+    @property
+    def done(self) -> bool:
+        return self.ok is not None or self.error is not None or self.lost
+
+    def on_added(self, job_id: bytes) -> None:
+        assert not self.done, "ADDJOB answered twice"
+        self.ok = job_id
+        self.at = self.net.now
+        self.net.added_ok(job_id, self.idx)
+
+    def on_error(self, error: CommandError) -> None:
+        assert not self.done, "ADDJOB answered twice"
+        self.error = error
+        self.at = self.net.now
+
+
+class Worker(Waiter):
+    """A consumer on node `idx`: GETJOB (blocking) in a loop, ACKJOB after `process_ms`."""
+
+    __slots__ = ("net", "idx", "queue", "process_ms", "ack", "node_obj", "got", "stopped",
+                 "poll_ms", "nack_rate")
+
+    def __init__(self, net: SimCluster, idx: int, queue: bytes, *,
+                 process_ms: tuple[int, int] = (5, 50), ack: bool = True,
+                 poll_ms: int = 500, nack_rate: float = 0.0) -> None:
+        super().__init__([queue], 1, False)
+        self.net = net
+        self.idx = idx
+        self.queue = queue
+        self.process_ms = process_ms
+        self.ack = ack
+        self.node_obj: Node | None = None  # the Node we are blocked on, if any
+        self.got: list[tuple[int, bytes]] = []  # (time, job id)
+        self.stopped = False
+        self.poll_ms = poll_ms
+        self.nack_rate = nack_rate  # share of at-least-once deliveries given back (NACK)
+
+    def start(self) -> Worker:
+        self.net.schedule(self.net.now, self._poll)
+        return self
+
+    def stop(self) -> None:
+        self.stopped = True
+        node = self.node_obj
+        if node is not None:
+            self.node_obj = None
+            self.net.run_on(self.idx, lambda n: n.unblock(self))
+
+    def _poll(self) -> None:
+        if self.stopped:
+            return
+        net = self.net
+        live = net.live_node(self.idx)
+        if live is not None and self.node_obj is not live:
+            self.node_obj = None
+            self._fetch()
+        net.schedule(net.now + self.poll_ms, self._poll)
+
+    def _fetch(self) -> None:
+        if self.stopped or self.node_obj is not None:
+            return
+        net = self.net
+        if net.live_node(self.idx) is None:
+            return
+
+        def getjob(node: Node) -> None:
+            jobs = node.get_jobs([self.queue], 1)
+            if jobs:
+                self._received(jobs)
+                return
+            try:
+                node.block(self, 0)
+            except CommandError:
+                return  # -LEAVING: try again at the next poll
+            self.node_obj = node
+
+        net.run_on(self.idx, getjob)
+
+    def _received(self, jobs: list[Job]) -> None:
+        net = self.net
+        for job in jobs:
+            self.got.append((net.now, job.id))
+            net.deliveries[job.id].append((net.now, self.idx))
+            lo, hi = self.process_ms
+            if job.retry and self.nack_rate and net.rng.random() < self.nack_rate:
+                net.schedule(net.now + net.rng.randint(lo, hi), net.client_nack, self.idx,
+                             job.id)
+            elif self.ack:
+                net.schedule(net.now + net.rng.randint(lo, hi), net.client_ack, self.idx,
+                             job.id)
+        net.schedule(net.now + 1, self._fetch)
+
+    # Waiter callbacks (called from inside the node)
+    def on_jobs(self, jobs: list[Job]) -> None:
+        self.node_obj = None
+        self._received(jobs)
+
+    def on_timeout(self) -> None:
+        self.node_obj = None
+        self.net.schedule(self.net.now + 1, self._fetch)
+
+    def on_error(self, error: CommandError) -> None:
+        self.node_obj = None  # -LEAVING: the next poll tries again
+
+
+class SimCluster(SimNetwork):
+    def __init__(self, n: int, seed: int = 0, *, check_jobs: bool = True,
+                 **kw: Any) -> None:
+        self.check_jobs = check_jobs
+        self.jobnodes: list[Node] = []
+        self.wake_at: list[int | None] = []
+        self.deliveries: dict[bytes, list[tuple[int, int]]] = defaultdict(list)
+        self.added: dict[bytes, int] = {}  # job id -> node it was added on
+        self.acked: dict[bytes, int] = {}  # job id -> time of the first ACKJOB
+        self.seen_ids: set[bytes] = set()  # every job ID seen (for the per-event check)
+        self.pending_adds: list[AddResult] = []
+        self.to_lose: list[tuple[int, int, type]] = []  # see lose_next()
+        self.queue_names: set[bytes] = set()
+        super().__init__(n, seed=seed, **kw)
+        for sn in self.nodes:
+            self.jobnodes.append(self._new_node(sn))
+            self.wake_at.append(None)
+            self._arm(sn)
+
+    # ------------------------------------------------------------------ hosts
+    def _new_node(self, sn: SimNode) -> Node:
+        rng = random.Random(self.seed * 2_000_003 + sn.idx * 7 + sn.incarnation * 10_007)
+        node = Node(sn.membership.myself, self._clock, rng=rng, randbytes=rng.randbytes)
+        node.membership = sn.membership
+        node.leaving = sn.membership.leaving
+        return node
+
+    def node(self, i: int) -> Node:
+        return self.jobnodes[i]
+
+    def live_node(self, i: int) -> Node | None:
+        """Node i if it is up (a client could talk to it), else None."""
+        return self.jobnodes[i] if self.nodes[i].state == "up" else None
+
+    def crash(self, i: int) -> None:
+        if self.nodes[i].state != "down":
+            for res in self.pending_adds:
+                if res.idx == i and not res.done:
+                    res.lost = True
+        super().crash(i)
+
+    def restart(self, i: int) -> None:
+        sn = self.nodes[i]
+        if sn.state != "down":
+            return
+        super().restart(i)
+        self.jobnodes[i] = self._new_node(sn)
+        self.wake_at[i] = None
+        self._arm(sn)
+
+    def resume(self, i: int) -> None:
+        super().resume(i)
+        if self.nodes[i].state == "up":
+            self.wake_at[i] = None
+            self._arm(self.nodes[i])
+
+    # ------------------------------------------------------------------ events
+    def _call(self, node: SimNode, fn: Callable[..., None], *args: Any) -> None:
+        super()._call(node, fn, *args)
+        if self.jobnodes and node.state != "down":
+            self._after_job_event(node)
+
+    def _deliver(self, node: SimNode, dest: SimLink, msg: Message, peer_ip: bytes) -> None:
+        if msg.TYPE not in JOB_TYPES:
+            super()._deliver(node, dest, msg, peer_ip)
+            return
+        sender = msg.header.sender
+        known = node.membership.get(sender)
+        if known is None or known.bits & HANDSHAKE:
+            return  # only members of the cluster are heard
+        self._call(node, self.jobnodes[node.idx].on_message, sender, msg)
+
+    def run_on(self, i: int, fn: Callable[[Node], Any]) -> Any:
+        """Run a client command on node i (must be up) as one event; returns its result."""
+        sn = self.nodes[i]
+        assert sn.state == "up", f"node{i} is {sn.state}"
+        result: list[Any] = []
+        self._call(sn, lambda: result.append(fn(self.jobnodes[i])))
+        return result[0]
+
+    def _after_job_event(self, sn: SimNode) -> None:
+        node = self.jobnodes[sn.idx]
+        out = node.out
+        if out:
+            node.out = []
+            get = sn.membership.get
+            for node_id, msg in out:
+                if self.check_jobs:
+                    self._note_ids(msg)
+                n = get(node_id)
+                if n is not None and n.out_link is not None:
+                    if self.to_lose and self._lost(sn, node_id, msg):
+                        self._reset(n.out_link)
+                        continue
+                    self._send(sn, n.out_link, msg)
+        self._arm(sn)
+        if self.check_jobs:
+            check_queues(node, sn.idx, self.seen_ids, self.queue_names)
+
+    def lose_next(self, src: int, dst: int, kind: type) -> None:
+        """The next `kind` message from node src to node dst is lost: the connection breaks
+        as it is written (both ends see it closed, unread data is lost)."""
+        self.to_lose.append((src, dst, kind))
+
+    def _lost(self, sn: SimNode, node_id: bytes, msg: Message) -> bool:
+        dst = self.by_id(node_id)
+        for entry in self.to_lose:
+            src, d, kind = entry
+            if src == sn.idx and dst is not None and d == dst.idx and type(msg) is kind:
+                self.to_lose.remove(entry)
+                return True
+        return False
+
+    def _note_ids(self, msg: Message) -> None:
+        ids = self.seen_ids
+        job_id = getattr(msg, "job_id", None)
+        if job_id is not None:
+            ids.add(job_id)
+        rec = getattr(msg, "job", None)
+        if rec is not None:
+            ids.add(rec.id)
+            self.queue_names.add(rec.queue)
+        for rec in getattr(msg, "jobs", ()):
+            ids.add(rec.id)
+            self.queue_names.add(rec.queue)
+        queue = getattr(msg, "queue", None)
+        if queue is not None:
+            self.queue_names.add(queue)
+
+    def check_all(self) -> None:
+        """The queue invariant on every live host, over the whole registry."""
+        for sn in self.nodes:
+            if sn.state != "down":
+                node = self.jobnodes[sn.idx]
+                ids = {job.id for job in node.jobs.values()}
+                names = {q.name for q in node.queues.values()}
+                check_queues(node, sn.idx, ids, names)
+
+    def _arm(self, sn: SimNode) -> None:
+        nd = self.jobnodes[sn.idx].next_due()
+        if nd is None:
+            return
+        at = max(nd, self.now)
+        cur = self.wake_at[sn.idx]
+        if cur is not None and cur <= at:
+            return
+        self.wake_at[sn.idx] = at
+        self.schedule(at, self._wake, sn, sn.incarnation, at)
+
+    def _wake(self, sn: SimNode, incarnation: int, at: int) -> None:
+        i = sn.idx
+        if sn.incarnation != incarnation or sn.state == "down" or self.wake_at[i] != at:
+            return
+        if sn.state == "paused":  # a stopped process: its timers run when it resumes
+            self.wake_at[i] = self.now + TICK_MS
+            self.schedule(self.now + TICK_MS, self._wake, sn, incarnation, self.now + TICK_MS)
+            return
+        self.wake_at[i] = None
+        self._call(sn, self.jobnodes[i].tick, self.now)
+
+    # ------------------------------------------------------------------ clients
+    def addjob(self, i: int, queue: bytes = b"q", body: bytes = b"body", *,
+               timeout: int = 5000, replicate: int | None = None, ttl: int | None = None,
+               retry: int | None = None, delay: int = 0, async_: bool = False) -> AddResult:
+        """ADDJOB on node i; the result is answered now or later (sync replication)."""
+        res = AddResult(self, i)
+        self.queue_names.add(queue)
+
+        def add(node: Node) -> None:
+            try:
+                job = node.add_job(queue, body, timeout, replicate, ttl, retry, delay, None,
+                                   async_)
+            except CommandError as e:
+                res.on_error(e)
+                return
+            if job.state == WAIT_REPL:
+                node.wait_replication(job, res, timeout)
+            else:
+                res.on_added(job.id)
+
+        self.run_on(i, add)
+        if not res.done:
+            self.pending_adds = [r for r in self.pending_adds if not r.done]
+            self.pending_adds.append(res)
+        return res
+
+    def added_ok(self, job_id: bytes, idx: int) -> None:
+        self.added[job_id] = idx
+        self.seen_ids.add(job_id)
+
+    def client_ack(self, i: int, job_id: bytes) -> None:
+        """ACKJOB from a client of node i. A stopped node makes the client wait; a crashed
+        one makes it fail over to the next live node (which then holds a dummy ACK, or
+        nothing for an at-most-once ID: that copy died with the crashed node)."""
+        n = len(self.nodes)
+        for k in range(n):
+            j = (i + k) % n
+            state = self.nodes[j].state
+            if state == "paused":
+                break
+            if state == "up":
+                self.acked.setdefault(job_id, self.now)
+                self.seen_ids.add(job_id)
+                self.run_on(j, lambda node: node.ackjob([job_id]))
+                return
+        self.schedule(self.now + 100, self.client_ack, i, job_id)
+
+    def client_nack(self, i: int, job_id: bytes) -> None:
+        """NACK from a client of node i (lost if the node crashed: the job's RETRY then
+        brings it back)."""
+        state = self.nodes[i].state
+        if state == "paused":
+            self.schedule(self.now + 100, self.client_nack, i, job_id)
+        elif state == "up":
+            self.run_on(i, lambda node: node.enqueue_jobs([job_id], nack=True))
+
+    def worker(self, i: int, queue: bytes = b"q", **kw: Any) -> Worker:
+        self.queue_names.add(queue)
+        return Worker(self, i, queue, **kw).start()
+
+    # ------------------------------------------------------------------ queries
+    def holders(self, job_id: bytes) -> list[int]:
+        """Nodes (not down) holding a copy of the job, in any state."""
+        return [sn.idx for sn in self.nodes if sn.state != "down"
+                and self.jobnodes[sn.idx].lookup_job(job_id) is not None]
+
+    def job_count(self) -> int:
+        return sum(len(self.jobnodes[sn.idx].jobs) for sn in self.nodes if sn.state != "down")
+
+    def all_jobs(self) -> dict[int, list[Job]]:
+        return {sn.idx: list(self.jobnodes[sn.idx].jobs.values()) for sn in self.nodes
+                if sn.state != "down"}
+
+
+def check_queues(node: Node, idx: int, ids: set[bytes], names: set[bytes]) -> None:
+    """A job is in a queue iff its state is QUEUED (then in its own queue, registered),
+    over the jobs `ids` and the queues `names`."""
+    in_queues: set[bytes] = set()
+    for name in names:
+        q = node.lookup_queue(name)
+        if q is None:
+            continue
+        for job in q.jobs:
+            assert job.state == QUEUED, f"node{idx}: {job!r} in queue {q.name!r}"
+            assert job.queue == q.name, f"node{idx}: {job!r} in the wrong queue {q.name!r}"
+            assert node.lookup_job(job.id) is job, f"node{idx}: queued {job!r} unregistered"
+            assert job.id not in in_queues, f"node{idx}: {job!r} queued twice"
+            in_queues.add(job.id)
+    lookup = node.lookup_job
+    for job_id in ids:
+        job = lookup(job_id)
+        if job is not None and job.state == QUEUED:
+            assert job_id in in_queues, f"node{idx}: {job!r} queued but in no queue"
