@@ -15,6 +15,9 @@ Scenarios (pick with `--only`):
 - memory: a fresh node gets `--jobs-for-memory` jobs with 16-byte bodies; the growth of INFO
   `used_memory` and `used_memory_rss` over the empty node, per job (and the same for a fresh
   redis-server list, for scale).
+- spark: rows/s of `disque.spark.write_jobs`, the `disque` data source and the plain client's
+  pipelined add_jobs from a local[2] Spark job into 3 fresh nodes, REPLICATE 1 and 3
+  (benchmarks/spark_bench.py).
 
 Both servers are started here on free loopback ports and always stopped, even on errors or
 Ctrl-C. The issue's targets are ratios to redis-server in the same run; each is printed as

@@ -158,7 +158,15 @@ class AsyncClient(ClientBase):
     async def use_node(self, node: Node | str) -> Node:
         target = self.resolve(node)
         assert target is not None
-        self.pick_after_hello(target, await self._hello_on(target))
+        try:
+            hello = await self._hello_on(target)
+        except AuthenticationError as exc:
+            raise error_from_redis(exc) from None
+        except NETWORK_ERRORS as exc:
+            self.table.mark_failed(target.addr)
+            raise DisqueConnectionError(f"cannot use {target.addr}: {exc}",
+                                        unreachable=True) from exc
+        self.pick_after_hello(target, hello)
         self.node = target
         return target
 
@@ -556,6 +564,6 @@ class AsyncClient(ClientBase):
                 beat_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await beat_task
-            for sig in installed:
-                loop.remove_signal_handler(sig)
+            for signum in installed:
+                loop.remove_signal_handler(signum)
         return stats

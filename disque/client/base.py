@@ -17,6 +17,7 @@ from disque.client.errors import DisqueError
 from disque.client.nodes import LEAVING_PRIORITY, Node, NodeTable, parse_nodes, url_password
 from disque.client.replies import Hello
 
+_hiredis_pack: Any
 try:  # hiredis packs a command ~5x faster than redis-py's own packer calling it per argument
     from hiredis import pack_command as _hiredis_pack
 except ImportError:  # pragma: no cover - redis-py without hiredis

@@ -165,7 +165,14 @@ class Client(ClientBase):
         """Move the client to `node` (an address or a known Node) for the next commands."""
         target = self.resolve(node)
         assert target is not None
-        hello = self._hello_on(target)
+        try:
+            hello = self._hello_on(target)
+        except AuthenticationError as exc:
+            raise error_from_redis(exc) from None
+        except NETWORK_ERRORS as exc:
+            self.table.mark_failed(target.addr)
+            raise DisqueConnectionError(f"cannot use {target.addr}: {exc}",
+                                        unreachable=True) from exc
         self.pick_after_hello(target, hello)
         with self._lock:
             self.node = target

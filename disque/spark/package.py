@@ -5,7 +5,8 @@
     # or: .config("spark.submit.pyFiles", "dist/disque-py.zip"), or sc.addPyFile(...)
 
 It holds what the executors import: `disque/__init__.py`, `disque/client`, `disque/spark`,
-and (unless `--no-redis`) redis-py, which is pure Python. hiredis is a C extension and cannot
+and (unless `--no-redis`) redis-py, which is pure Python, with async-timeout (redis-py needs
+it on Python < 3.11.3). hiredis is a C extension and cannot
 be shipped in a zip: where the workers have it installed, redis-py and the client use it
 (several times faster packing and parsing); without it they fall back to pure Python.
 The server itself is not included: executors never run it.
@@ -52,6 +53,12 @@ def build(out: Path, with_redis: bool = True) -> list[str]:
             redis_dir = Path(spec.origin).parent
             _add_tree(zf, redis_dir, redis_dir.parent)
             contents.append("redis")
+            # redis-py imports it on Python < 3.11.3 (the workers' Python may be older)
+            extra = importlib.util.find_spec("async_timeout")
+            if extra is not None and extra.origin is not None:
+                extra_dir = Path(extra.origin).parent
+                _add_tree(zf, extra_dir, extra_dir.parent)
+                contents.append("async_timeout")
     os.replace(tmp, out)
     return contents
 

@@ -350,6 +350,9 @@ def row_records(rows: Iterable[Any], body_col: str = "body", body_format: str = 
     JSON object. `body_fn(row)`, if given, computes the body instead."""
     if body_format not in ("raw", "json"):
         raise ValueError("body_format must be 'raw' or 'json'")
+    if body_fn is None and body_format == "raw":
+        yield from _raw_rows(iter(rows), body_col, dedup_key_col)
+        return
     for row in rows:
         if body_fn is not None:
             body = to_body(body_fn(row))
@@ -365,6 +368,48 @@ def row_records(rows: Iterable[Any], body_col: str = "body", body_format: str = 
                 raise ValueError(f"dedup key column {dedup_key_col!r} is null")
             key = str(value)
         yield body, key
+
+
+def _raw_rows(rows: Iterator[Any], body_col: str, key_col: str | None
+              ) -> Iterator[tuple[bytes | str, str | None]]:
+    """The common case on the hot path: one column as the body. Spark Rows are tuples with
+    `__fields__`; their own `__getitem__` is Python code, so the column positions are looked
+    up once and the values read with the C-level tuple indexing."""
+    first = next(rows, None)
+    if first is None:
+        return
+    fields = getattr(first, "__fields__", None)
+    if not isinstance(first, tuple) or fields is None:  # dicts, plain tuples: by name
+        for row in _chain(first, rows):
+            body = to_body(row[body_col])
+            key = None
+            if key_col is not None:
+                value = row[key_col]
+                if value is None:
+                    raise ValueError(f"dedup key column {key_col!r} is null")
+                key = str(value)
+            yield body, key
+        return
+    get = tuple.__getitem__
+    b = list(fields).index(body_col)
+    k = list(fields).index(key_col) if key_col is not None else -1
+    for row in _chain(first, rows):
+        body = get(row, b)
+        cls = body.__class__
+        if cls is not str and cls is not bytes:
+            body = to_body(body)
+        if k < 0:
+            yield body, None
+        else:
+            value = get(row, k)
+            if value is None:
+                raise ValueError(f"dedup key column {key_col!r} is null")
+            yield body, str(value)
+
+
+def _chain(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
+    yield first
+    yield from rest
 
 
 def arrow_records(batches: Iterable[Any], body_col: str = "body", body_format: str = "raw",

@@ -1,0 +1,321 @@
+"""disque.client against a real node: every method, in RESP3 (redis-py's default) and RESP2,
+the asyncio twin, pipelined add_jobs with DEDUP, and the consume helper (ACK, NACK,
+WORKING, stop)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from disque.client import (
+    AsyncClient,
+    BadIdError,
+    Client,
+    DisqueConnectionError,
+    DisqueError,
+    Job,
+    MaxLenError,
+    NoJobError,
+    NoReplicationError,
+    PausedError,
+    TooLateError,
+)
+from tests.harness import DisqueProcess, free_port, wait_for
+from tests.integration.resp import JOB_ID_RE
+
+UNKNOWN_ID = "D-00000000-000000000000000000000000-05a1"
+
+
+@pytest.fixture(params=[3, 2], ids=["resp3", "resp2"])
+def client(node: DisqueProcess, request: pytest.FixtureRequest) -> Iterator[Client]:
+    c = Client([f"127.0.0.1:{node.port}"], protocol=request.param)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def test_connects_through_hello_and_knows_the_node_id(client: Client, node: DisqueProcess):
+    n = client.connect()
+    assert n.port == node.port
+    myid = node.client().execute_command("CLUSTER", "MYID").decode()
+    assert client.node_id == myid
+    hello = client.hello()
+    assert hello.node_id == myid and [e.port for e in hello.nodes] == [node.port]
+
+
+def test_url_form_and_unreachable_seeds_are_skipped(node: DisqueProcess):
+    dead = free_port()
+    with Client(f"disque://127.0.0.1:{dead},127.0.0.1:{node.port}") as c:
+        for _ in range(5):  # whatever random order: the live node is found
+            c.node = None
+            assert c.connect().port == node.port
+
+
+def test_no_reachable_node_is_a_connection_error():
+    with Client([f"127.0.0.1:{free_port()}"]) as c, pytest.raises(DisqueConnectionError):
+        c.ping()
+
+
+def test_add_get_ack(client: Client, q: str):
+    job_id = client.add_job(q, b"hello", retry=10)
+    assert JOB_ID_RE.match(job_id)
+    assert client.qlen(q) == 1
+    [job] = client.get_job(q, timeout=1000)
+    assert job == Job(q, job_id, b"hello")
+    assert job.node_prefix == client.node_id[:8]  # type: ignore[index]
+    assert client.ack_job(job.id) == 1
+    assert client.show(job.id) is None
+
+
+def test_add_job_options_reach_the_node(client: Client, q: str):
+    job_id = client.add_job(q, "body", 0, ttl=3600, retry=60, delay=30, replicate=1,
+                            async_=True)
+    show = client.show(job_id)
+    assert show is not None
+    assert (show["ttl"] <= 3600, show["retry"], show["delay"], show["state"]) == (
+        True, 60, 30, "active")
+    assert show["body"] == b"body" and show["queue"] == q
+
+
+def test_get_job_counts_nohang_timeout_and_counters(client: Client, q: str):
+    ids = [client.add_job(q, f"b{i}") for i in range(3)]
+    jobs = client.get_job(q, count=2, with_counters=True)
+    assert [j.id for j in jobs] == ids[:2]
+    assert all(j.nacks == 0 and j.additional_deliveries == 0 for j in jobs)
+    assert client.nack(jobs[0].id) == 1
+    [again] = client.get_job(q, count=1, with_counters=True)
+    assert again.id == ids[0] and again.nacks == 1
+    assert [j.id for j in client.get_job(q, nohang=True, count=5)] == [ids[2]]
+    assert client.get_job(q, nohang=True) == []
+    t0 = time.monotonic()
+    assert client.get_job(q, timeout=100) == []
+    assert time.monotonic() - t0 >= 0.09
+
+
+def test_blocking_get_job_outlasts_the_socket_timeout(node: DisqueProcess, q: str):
+    with Client([f"127.0.0.1:{node.port}"], socket_timeout=0.2) as c:
+        assert c.get_job(q, timeout=600) == []  # no read timeout before the node answers
+        with Client([f"127.0.0.1:{node.port}"]) as other:
+            timer = threading.Timer(0.4, lambda: other.add_job(q, b"late"))
+            timer.start()
+            [job] = c.get_job(q)  # blocks (TIMEOUT 0) until the job comes
+            assert job.body == b"late"
+            timer.join()  # the producer may still be reading its reply
+
+
+def test_fast_ack_del_job_enqueue_dequeue(client: Client, q: str):
+    a, b, c = (client.add_job(q, x) for x in ("a", "b", "c"))
+    assert client.dequeue(a) == 1 and client.qlen(q) == 2
+    assert client.enqueue(a) == 1 and client.qlen(q) == 3
+    assert client.del_job(b) == 1 and client.show(b) is None
+    assert client.fast_ack(c, UNKNOWN_ID) == 1
+    assert client.ack_job() == 0
+
+
+def test_working_returns_retry_and_errors_are_typed(client: Client, q: str):
+    job_id = client.add_job(q, "w", retry=7)
+    client.get_job(q)
+    assert client.working(job_id) == 7
+    with pytest.raises(NoJobError):
+        client.working(UNKNOWN_ID)
+    with pytest.raises(BadIdError):
+        client.ack_job("not-an-id")
+    short = client.add_job(q, "short", ttl=2, retry=1)
+    wait_for(lambda: client.show(short)["ttl"] < 1, timeout=5, what="half the TTL")  # type: ignore[index]
+    with pytest.raises(TooLateError):
+        client.working(short)
+
+
+def test_queue_commands(client: Client, q: str):
+    ids = [client.add_job(q, f"p{i}") for i in range(3)]
+    assert [j.id for j in client.qpeek(q, 2)] == ids[:2]
+    assert [j.id for j in client.qpeek(q, -1)] == ids[2:]
+    stat = client.qstat(q)
+    assert stat is not None and stat["name"] == q and stat["len"] == 3 and stat["pause"] == "none"
+    assert client.qstat(q + "-none") is None
+    assert client.pause(q, "in") == "in"
+    with pytest.raises(PausedError):
+        client.add_job(q, "x")
+    assert client.pause(q, "state") == "in"
+    assert client.pause(q, "none") == "none"
+    with pytest.raises(MaxLenError):
+        client.add_job(q, "x", maxlen=3)
+    with pytest.raises(NoReplicationError):
+        client.add_job(q, "x", replicate=2)
+
+
+def test_scans_iterate_every_page(client: Client, q: str):
+    ids = {client.add_job(q, f"s{i}") for i in range(250)}
+    assert q in set(client.qscan(count=2))
+    assert q in set(client.qscan(minlen=250))
+    assert set(client.jscan(queue=q, count=10)) == ids
+    shows = list(client.jscan(queue=q, states=["queued"], reply="all"))
+    assert {s["id"] for s in shows} == ids and all(s["body"].startswith(b"s") for s in shows)
+
+
+def test_info_ping_and_raw_commands(client: Client):
+    info = client.info()
+    assert "disque_version" in info and isinstance(info["tcp_port"], int)
+    assert set(client.info("jobs")) == {"registered_jobs"}
+    assert client.ping() == "PONG"
+    assert client.execute_command("ECHO", "hi") == b"hi"
+    with pytest.raises(DisqueError) as exc:
+        client.execute_command("NOSUCHCOMMAND")
+    assert exc.value.prefix == "ERR"
+
+
+def test_add_jobs_pipelines_and_reports_per_job_errors(client: Client, q: str):
+    result = client.add_jobs(q, [b"a", b"b", b"c", b"d"], maxlen=2, batch_size=3)
+    assert result.ids[:2] == [i for i in result.ids[:2] if i and JOB_ID_RE.match(i)]
+    assert result.ids[2:] == [None, None]
+    assert [type(e) for e in result.errors] == [type(None), type(None), MaxLenError,
+                                                MaxLenError]
+    assert (result.added, result.failed) == (2, 2)
+    assert client.qlen(q) == 2
+
+
+def test_add_jobs_with_dedup_keys_answers_known_keys_with_the_first_id(client: Client, q: str):
+    keys = [f"k{i}" for i in range(1000)]
+    first = client.add_jobs(q, [f"v{i}".encode() for i in range(1000)], dedup_keys=keys)
+    assert first.ok and len(set(first.ids)) == 1000
+    again = client.add_jobs(q, [b"other"] * 1000, dedup_keys=keys)
+    assert again.ids == first.ids
+    assert client.qlen(q) == 1000
+    # even after the job was acknowledged, within its TTL
+    client.ack_job(first.ids[0])  # type: ignore[arg-type]
+    assert client.add_job(q, "x", dedup="k0") == first.ids[0]
+    assert client.qlen(q) == 999
+
+
+def test_add_jobs_many_round_trips_keep_the_order(client: Client, q: str):
+    bodies = [str(i).encode() for i in range(2500)]
+    result = client.add_jobs(q, bodies, batch_size=1000)
+    assert result.ok
+    jobs = client.get_job(q, count=2500)
+    assert [j.body for j in jobs] == bodies
+    assert [j.id for j in jobs] == result.ids
+
+
+# ---------------------------------------------------------------------------- consume
+def test_consume_acks_handled_jobs_and_nacks_failed_ones(node: DisqueProcess, q: str):
+    with Client([f"127.0.0.1:{node.port}"]) as c:
+        ids = [c.add_job(q, f"job{i}", retry=30) for i in range(10)]
+        failed_once: set[str] = set()
+        seen: list[str] = []
+
+        def handler(job: Job) -> None:
+            seen.append(job.id)
+            if job.body == b"job3" and job.id not in failed_once:
+                failed_once.add(job.id)
+                raise RuntimeError("first try fails")
+
+        stats = c.consume(q, handler, concurrency=2, max_jobs=11, poll_ms=200)
+        assert (stats.received, stats.acked, stats.nacked) == (11, 10, 1)
+        assert sorted(set(seen)) == sorted(ids) and len(seen) == 11
+        assert c.qlen(q) == 0
+        assert all(c.show(i) is None for i in ids)  # acked and deleted on a lone node
+
+
+def test_consume_sends_working_for_a_long_handler(node: DisqueProcess, q: str):
+    with Client([f"127.0.0.1:{node.port}"]) as c:
+        job_id = c.add_job(q, "slow", retry=1)
+        deliveries: list[int | None] = []
+
+        def handler(job: Job) -> None:
+            deliveries.append(job.additional_deliveries)
+            time.sleep(2.5)  # 2.5 x RETRY: without WORKING the job would be re-queued
+
+        stats = c.consume(q, handler, max_jobs=1, heartbeat_after=0.1, poll_ms=200)
+        assert stats.acked == 1 and stats.working >= 2
+        assert deliveries == [0]
+        assert c.show(job_id) is None
+
+
+def test_consume_stops_on_the_stop_event(node: DisqueProcess, q: str):
+    with Client([f"127.0.0.1:{node.port}"]) as c:
+        stop = threading.Event()
+        threading.Timer(0.5, stop.set).start()
+        t0 = time.monotonic()
+        stats = c.consume([q], lambda job: None, concurrency=3, stop_event=stop, poll_ms=200)
+        assert stats.received == 0
+        assert time.monotonic() - t0 < 3
+
+
+def test_consume_stops_cleanly_on_sigterm_and_restores_the_handler(node: DisqueProcess, q: str):
+    before = signal.getsignal(signal.SIGTERM)
+    with Client([f"127.0.0.1:{node.port}"]) as c:
+        for i in range(3):
+            c.add_job(q, f"t{i}")
+        handled: list[bytes] = []
+
+        def handler(job: Job) -> None:
+            handled.append(job.body)
+            if len(handled) == 1:  # stop while jobs remain: the job in hand is still acked
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.3)
+
+        stats = c.consume(q, handler, poll_ms=200)
+        assert stats.acked == len(handled) >= 1
+        assert c.qlen(q) == 3 - len(handled)
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+# ---------------------------------------------------------------------------- asyncio
+async def test_async_client_every_method(node: DisqueProcess, q: str):
+    async with AsyncClient(f"disque://127.0.0.1:{node.port}") as c:
+        assert (await c.connect()).port == node.port
+        assert (await c.hello()).node_id == c.node_id
+        job_id = await c.add_job(q, b"x", retry=5)
+        assert await c.qlen(q) == 1
+        assert (await c.qstat(q))["len"] == 1  # type: ignore[index]
+        assert [j.id for j in await c.qpeek(q, 1)] == [job_id]
+        [job] = await c.get_job(q, timeout=1000, with_counters=True)
+        assert (job.id, job.body, job.nacks) == (job_id, b"x", 0)
+        assert await c.working(job_id) == 5
+        assert await c.nack(job_id) == 1
+        assert await c.dequeue(job_id) == 1
+        assert await c.enqueue(job_id) == 1
+        assert (await c.show(job_id))["state"] == "queued"  # type: ignore[index]
+        assert [i async for i in c.jscan(queue=q)] == [job_id]
+        assert q in [n async for n in c.qscan()]
+        assert await c.ack_job(job_id) == 1
+        assert await c.get_job(q, nohang=True) == []
+        assert await c.pause(q, "out") == "out"
+        assert await c.pause(q, "none") == "none"
+        res = await c.add_jobs(q, [b"1", b"2"], dedup_keys=["a", "a"])
+        assert res.ok and res.ids[0] == res.ids[1]
+        assert await c.fast_ack(res.ids[0]) == 1  # type: ignore[arg-type]
+        j2 = await c.add_job(q, "y")
+        assert await c.del_job(j2) == 1
+        assert "registered_jobs" in await c.info("jobs")
+        assert await c.ping() == "PONG"
+        with pytest.raises(NoReplicationError):
+            await c.add_job(q, "z", replicate=3)
+        with pytest.raises(BadIdError):
+            await c.ack_job("bad")
+
+
+async def test_async_blocking_get_job_and_consume(node: DisqueProcess, q: str):
+    async with AsyncClient([f"127.0.0.1:{node.port}"], socket_timeout=0.2, protocol=2) as c:
+        assert await c.get_job(q, timeout=500) == []
+        for i in range(5):
+            await c.add_job(q, f"a{i}")
+        bodies: list[bytes] = []
+
+        async def handler(job: Job) -> None:
+            bodies.append(job.body)
+            if job.body == b"a0" and job.nacks == 0:
+                raise ValueError("again")
+            await asyncio.sleep(0)
+
+        stats = await c.consume(q, handler, concurrency=2, max_jobs=6, poll_ms=100)
+        assert (stats.acked, stats.nacked) == (5, 1)
+        assert sorted(set(bodies)) == [b"a0", b"a1", b"a2", b"a3", b"a4"]
+        assert await c.qlen(q) == 0

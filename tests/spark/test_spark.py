@@ -1,0 +1,247 @@
+"""disque.spark on a real local Spark session against a real 3-node cluster: `write_jobs`
+and the `disque` data source put every row in the queues exactly once, a task that fails
+half-way through its partition and is retried adds no duplicate with DEDUP on (and does
+without it), and the streaming reader delivers every job and ACKs only the committed
+micro-batches."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from disque.client import Client
+from disque.spark import WriteResult, register, write_jobs
+from tests.cluster.conftest import Cluster
+from tests.harness import wait_for
+
+pytestmark = pytest.mark.slow
+
+N = 100_000
+
+
+def addrs(cluster: Cluster) -> list[str]:
+    return [f"127.0.0.1:{p.port}" for p in cluster]
+
+
+@pytest.fixture(scope="module")
+def clients(disque_cluster: Cluster) -> Iterator[list[Client]]:
+    """One client pinned to each node (QLEN, SHOW and GETJOB are per node)."""
+    cs = [Client([a], discover=False) for a in addrs(disque_cluster)]
+    try:
+        yield cs
+    finally:
+        for c in cs:
+            c.close()
+
+
+def qlen_sum(clients: list[Client], queue: str) -> int:
+    return sum(c.qlen(queue) for c in clients)
+
+
+def drain(clients: list[Client], queue: str) -> list[bytes]:
+    """Take every queued job of `queue` from every node (and delete it); the bodies."""
+    bodies: list[bytes] = []
+    for c in clients:
+        while jobs := c.get_job(queue, nohang=True, count=2000):
+            bodies.extend(j.body for j in jobs)
+            c.fast_ack(*[j.id for j in jobs])
+    return bodies
+
+
+def rows_df(spark: Any, n: int, partitions: int = 6, prefix: str = "row") -> Any:
+    return spark.range(0, n, 1, partitions).selectExpr(
+        f"concat('{prefix}-', cast(id as string)) as body", "id")
+
+
+def expected(n: int, prefix: str = "row") -> Counter[bytes]:
+    return Counter(f"{prefix}-{i}".encode() for i in range(n))
+
+
+def test_write_jobs_puts_every_row_in_the_queues_exactly_once(spark, disque_cluster, clients):
+    result = write_jobs(rows_df(spark, N), "wj", addrs(disque_cluster), replicate=1,
+                        batch_size=500)
+    assert result == WriteResult(added=N, failed=0)
+    # six partitions over three nodes: partitions k and k + 3 went to node k
+    assert all(abs(c.qlen("wj") - N / 3) <= 2 for c in clients)
+    assert qlen_sum(clients, "wj") == N
+    assert Counter(drain(clients, "wj")) == expected(N)
+
+
+def test_write_jobs_arrow_method_puts_every_row_in_the_queues_exactly_once(
+        spark, disque_cluster, clients):
+    n = 30_000
+    result = write_jobs(rows_df(spark, n, prefix="ar"), "wja", ",".join(addrs(disque_cluster)),
+                        replicate=1, method="arrow")
+    assert result == WriteResult(added=n, failed=0)
+    assert qlen_sum(clients, "wja") == n
+    assert Counter(drain(clients, "wja")) == expected(n, "ar")
+
+
+def test_data_source_batch_write_puts_every_row_in_the_queues_exactly_once(
+        spark, disque_cluster, clients):
+    register(spark)
+    (rows_df(spark, N).select("body").write.format("disque")
+     .option("nodes", ",".join(addrs(disque_cluster))).option("queue", "ds")
+     .option("replicate", "2").mode("append").save())
+    assert qlen_sum(clients, "ds") == N
+    [probe] = clients[0].qpeek("ds", 1) or clients[1].qpeek("ds", 1) or clients[2].qpeek("ds", 1)
+    assert len(next(c for c in clients if c.show(probe.id))
+               .show(probe.id)["nodes-delivered"]) == 2  # type: ignore[index]
+    assert Counter(drain(clients, "ds")) == expected(N)
+
+
+def test_data_source_json_bodies_and_user_dedup_keys(spark, disque_cluster, clients):
+    register(spark)
+    df = spark.createDataFrame([(i, f"name{i}", i % 7) for i in range(50)] * 2,
+                               "id long, name string, shard int")
+    (df.write.format("disque").option("nodes", ",".join(addrs(disque_cluster)))
+     .option("queue", "dsj").option("bodyFormat", "json").option("dedupKeyColumn", "id")
+     .option("replicate", "1").mode("append").save())
+    # every row is there twice, but a key is added once per node: at most 3 copies of a key,
+    # and a single partition (one node) never added a key twice
+    bodies = [json.loads(b) for b in drain(clients, "dsj")]
+    assert {b["id"] for b in bodies} == set(range(50))
+    assert all(set(b) == {"id", "name", "shard"} and b["name"] == f"name{b['id']}"
+               for b in bodies)
+    assert len(bodies) <= 100
+
+
+def _failing_body(marker: str, fail_at: int) -> Any:
+    """A body function that raises once, in the first attempt of partition 0, after
+    `fail_at` rows: the task dies mid-partition with earlier batches already sent."""
+    counter = {"n": 0}
+
+    def body(row: Any) -> str:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        if ctx is not None and ctx.partitionId() == 0 and ctx.attemptNumber() == 0:
+            counter["n"] += 1
+            if counter["n"] > fail_at:
+                Path(marker).write_text("failed once")
+                raise RuntimeError("injected failure in the first attempt")
+        return row["body"]
+
+    return body
+
+
+def test_a_task_retried_mid_partition_adds_no_duplicate_with_dedup(
+        spark, disque_cluster, clients, tmp_path):
+    n = 30_000  # 5,000 rows per partition; partition 0 dies after 3,000 (6 batches sent)
+    marker = tmp_path / "failed"
+    result = write_jobs(rows_df(spark, n, prefix="rt"), "retry-dedup", addrs(disque_cluster),
+                        replicate=1, batch_size=500, body_fn=_failing_body(str(marker), 3000))
+    assert marker.exists(), "the failure was not injected"
+    assert result == WriteResult(added=n, failed=0)
+    assert qlen_sum(clients, "retry-dedup") == n
+    assert Counter(drain(clients, "retry-dedup")) == expected(n, "rt")
+
+
+def test_without_dedup_the_same_failure_duplicates_rows(spark, disque_cluster, clients,
+                                                        tmp_path):
+    n = 30_000
+    marker = tmp_path / "failed"
+    result = write_jobs(rows_df(spark, n, prefix="nd"), "retry-nodedup", addrs(disque_cluster),
+                        replicate=1, batch_size=500, dedup=False,
+                        body_fn=_failing_body(str(marker), 3000))
+    assert marker.exists()
+    assert result.added == n  # the accumulators count the successful attempt only...
+    bodies = Counter(drain(clients, "retry-nodedup"))
+    assert set(bodies) == set(expected(n, "nd"))
+    assert sum(bodies.values()) == n + 3000  # ...but the failed attempt's rows stayed
+
+
+# ---------------------------------------------------------------------------- streaming
+def _add_everywhere(clients: list[Client], queue: str, n: int, retry: int
+                    ) -> dict[str, bytes]:
+    """n jobs spread over the nodes; id -> body."""
+    out: dict[str, bytes] = {}
+    for k, c in enumerate(clients):
+        bodies = [f"s{k}-{i}".encode() for i in range(k, n, len(clients))]
+        res = c.add_jobs(queue, bodies, replicate=1, retry=retry)
+        assert res.ok
+        out.update(zip(res.ids, bodies, strict=True))  # type: ignore[arg-type]
+    return out
+
+
+def _gone(clients: list[Client], job_id: str) -> bool:
+    """Acknowledged: no node holds it any more except as an `acked` record."""
+    for c in clients:
+        show = c.show(job_id)
+        if show is not None and show["state"] != "acked":
+            return False
+    return True
+
+
+def test_streaming_reader_delivers_every_job_and_acks_only_committed_batches(
+        spark, disque_cluster, clients, tmp_path):
+    register(spark)
+    queue = "stream"
+    # RETRY: long enough for the committed batches to be ACKed before it fires, short enough
+    # to wait for the failed batch's jobs to come back by it
+    jobs = _add_everywhere(clients, queue, 3000, retry=15)
+    checkpoint = str(tmp_path / "checkpoint")
+    seen: dict[int, list[tuple[str, bytes]]] = {}
+    lock = threading.Lock()
+
+    def reader() -> Any:
+        return (spark.readStream.format("disque")
+                .option("nodes", ",".join(addrs(disque_cluster))).option("queues", queue)
+                .option("maxJobsPerBatch", "1000").option("fetchCount", "400").load())
+
+    def sink(fail_batch: int | None) -> Any:
+        def on_batch(df: Any, batch_id: int) -> None:
+            rows = [(r["id"], bytes(r["body"])) for r in df.collect()]
+            with lock:
+                seen.setdefault(batch_id, []).extend(rows)
+            if batch_id == fail_batch:
+                raise RuntimeError("the sink fails this batch")
+        return on_batch
+
+    # run 1: batches 0 and 1 are committed, the sink fails batch 2
+    q1 = reader().writeStream.foreachBatch(sink(fail_batch=2)) \
+        .option("checkpointLocation", checkpoint).start()
+    with pytest.raises(Exception, match="the sink fails this batch"):
+        q1.awaitTermination(timeout=120)
+    committed = [jid for b in (0, 1) for jid, _ in seen[b]]
+    failed = [jid for jid, _ in seen[2]]
+    assert len(committed) == 2000 and len(failed) == 1000
+    assert set(committed).isdisjoint(failed)
+    wait_for(lambda: all(_gone(clients, jid) for jid in committed), timeout=30,
+             what="the committed batches' jobs to be acked")
+    for jid in failed:  # never acked: still held, waiting for their RETRY
+        assert any(s is not None and s["state"] in ("queued", "active")
+                   for s in (c.show(jid) for c in clients)), jid
+    run1 = {b: list(v) for b, v in seen.items()}
+
+    # run 2, same checkpoint: the failed batch's jobs come back by RETRY and are delivered
+    q2 = reader().writeStream.foreachBatch(sink(fail_batch=None)) \
+        .option("checkpointLocation", checkpoint).start()
+
+    def again() -> Counter[str]:
+        """Deliveries of the second run (it replays batch 2 first: that one has no jobs, the
+        reader that had fetched them is gone)."""
+        with lock:
+            return Counter(jid for b, rows in seen.items() if b > 2 for jid, _ in rows)
+
+    try:
+        wait_for(lambda: set(again()) >= set(failed), timeout=120,
+                 what="the failed batch's jobs to come back by RETRY")
+        q2.processAllAvailable()
+    finally:
+        q2.stop()
+    assert q2.exception() is None
+    assert seen[2] == run1[2]  # the replayed batch 2 added nothing
+    bodies = {jid: body for rows in seen.values() for jid, body in rows}
+    assert bodies == jobs
+    assert set(again()) == set(failed)  # only the uncommitted batch came back...
+    assert max(again().values()) == 1  # ...once
+    wait_for(lambda: all(_gone(clients, jid) for jid in jobs), timeout=30,
+             what="every job acked")
+    assert qlen_sum(clients, queue) == 0

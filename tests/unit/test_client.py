@@ -1,0 +1,431 @@
+"""disque.client without sockets: what each command sends, how replies (RESP2 and RESP3, as
+redis-py's hiredis parser returns them) become typed values, error mapping, node addresses,
+node choice from HELLO, consumer heartbeats and the producer-following statistics."""
+
+from __future__ import annotations
+
+import random
+
+import hiredis
+import pytest
+from redis._parsers.base import BaseParser
+
+from disque.client import calls, errors, replies
+from disque.client.base import AddJobsResult, ClientBase
+from disque.client.consumer import Heartbeats
+from disque.client.errors import (
+    BadIdError,
+    DisqueConnectionError,
+    DisqueError,
+    LeavingError,
+    MaxLenError,
+    NoJobError,
+    NoReplicationError,
+    OutOfMemoryError,
+    PausedError,
+    TooLateError,
+    error_from_redis,
+    error_from_reply,
+)
+from disque.client.nodes import Node, NodeTable, PrefixStats, parse_addr, parse_nodes
+from disque.client.replies import Hello, HelloNode, Job
+
+JOB_ID = "D-dcb833cf-8YL1NT17e9+wsA/09NqxscQI-05a1"
+JOB_ID2 = "D-e290a32f-9LwjPSZxopSWskT5QsVSuTna-05a1"
+
+
+def wire(data: bytes) -> object:
+    """Parse raw reply bytes the way redis-py's hiredis parser does (errors as values)."""
+    reader = hiredis.Reader(replyError=BaseParser.parse_error, notEnoughData=False)
+    reader.feed(data)
+    return reader.gets()
+
+
+# ---------------------------------------------------------------------------- calls
+def test_addjob_sends_only_the_options_given():
+    assert calls.add_job("q", b"body", 0).args == ("ADDJOB", "q", b"body", 0)
+    call = calls.add_job("q", "b", 100, replicate=2, delay=1, retry=3, ttl=60, maxlen=9,
+                         async_=True, dedup="k1")
+    assert call.args == ("ADDJOB", "q", "b", 100, "REPLICATE", 2, "DELAY", 1, "RETRY", 3,
+                         "TTL", 60, "MAXLEN", 9, "ASYNC", "DEDUP", "k1")
+
+
+def test_addjob_is_resent_only_when_allowed_or_deduplicated():
+    assert calls.add_job("q", "b").safe is False
+    assert calls.add_job("q", "b", dedup="k").safe is True
+    assert calls.add_job("q", "b", allow_retry=True).safe is True
+    assert calls.add_job("q", "b", dedup="k", allow_retry=False).safe is False
+
+
+def test_addjob_refuses_bad_dedup_keys_and_negative_timeouts():
+    with pytest.raises(ValueError):
+        calls.add_job("q", "b", dedup="")
+    with pytest.raises(ValueError):
+        calls.add_job("q", "b", dedup="x" * 513)
+    with pytest.raises(ValueError):
+        calls.add_job("q", "b", -1)
+
+
+def test_getjob_options_and_blocking_time():
+    call = calls.get_job(["a", "b"], timeout=500, count=3, nohang=True, with_counters=True)
+    assert call.args == ("GETJOB", "NOHANG", "TIMEOUT", 500, "COUNT", 3, "WITHCOUNTERS",
+                         "FROM", "a", "b")
+    assert call.blocking_ms is None  # NOHANG answers at once
+    assert calls.get_job(["a"]).blocking_ms == 0  # blocks until a job
+    assert calls.get_job(["a"], timeout=250).blocking_ms == 250
+    assert calls.get_job(["a"]).safe is True
+
+
+def test_getjob_needs_a_queue_and_a_positive_count():
+    with pytest.raises(ValueError):
+        calls.get_job([])
+    with pytest.raises(ValueError):
+        calls.get_job(["q"], count=0)
+
+
+def test_id_commands_and_their_retry_safety():
+    assert calls.ack_job(JOB_ID, JOB_ID2).args == ("ACKJOB", JOB_ID, JOB_ID2)
+    assert calls.fast_ack(JOB_ID).args == ("FASTACK", JOB_ID)
+    assert calls.del_job(JOB_ID).args == ("DELJOB", JOB_ID)
+    assert calls.enqueue(JOB_ID).args == ("ENQUEUE", JOB_ID)
+    assert calls.dequeue(JOB_ID).args == ("DEQUEUE", JOB_ID)
+    assert calls.working(JOB_ID).args == ("WORKING", JOB_ID)
+    assert calls.nack(JOB_ID).safe is False  # a resent NACK would count twice
+    assert all(c.safe for c in (calls.ack_job(), calls.fast_ack(), calls.working(JOB_ID)))
+
+
+def test_pause_checks_its_options():
+    assert calls.pause("q", "in", "bcast").args == ("PAUSE", "q", "in", "bcast")
+    with pytest.raises(ValueError):
+        calls.pause("q")
+    with pytest.raises(ValueError):
+        calls.pause("q", "sideways")
+
+
+def test_scan_arguments():
+    assert calls.qscan(0, count=10, busyloop=True, minlen=1, maxlen=5, importrate=2).args == (
+        "QSCAN", 0, "COUNT", 10, "BUSYLOOP", "MINLEN", 1, "MAXLEN", 5, "IMPORTRATE", 2)
+    assert calls.jscan(7, queue="q", states=["queued", "active"], reply="all").args == (
+        "JSCAN", 7, "QUEUE", "q", "STATE", "queued", "STATE", "active", "REPLY", "all")
+    with pytest.raises(ValueError):
+        calls.jscan(states=["gone"])
+    with pytest.raises(ValueError):
+        calls.jscan(reply="some")
+
+
+# ---------------------------------------------------------------------------- replies
+@pytest.mark.parametrize("null", [b"*-1\r\n", b"_\r\n"])
+def test_getjob_null_reply_is_an_empty_list_in_both_protocols(null):
+    assert calls.get_job(["q"]).parse(wire(null)) == []
+
+
+def test_getjob_reply_becomes_jobs():
+    raw = (b"*2\r\n*3\r\n$2\r\nqa\r\n$40\r\n" + JOB_ID.encode() + b"\r\n$2\r\na1\r\n"
+           b"*3\r\n$2\r\nqb\r\n$40\r\n" + JOB_ID2.encode() + b"\r\n$0\r\n\r\n")
+    jobs = calls.get_job(["qa", "qb"]).parse(wire(raw))
+    assert jobs == [Job("qa", JOB_ID, b"a1"), Job("qb", JOB_ID2, b"")]
+    assert jobs[0].node_prefix == "dcb833cf"
+    assert jobs[0].nacks is None and jobs[0].additional_deliveries is None
+
+
+def test_getjob_withcounters_reply_fills_the_counters():
+    raw = (b"*1\r\n*7\r\n$1\r\nq\r\n$40\r\n" + JOB_ID.encode() + b"\r\n$5\r\nhello\r\n"
+           b"$5\r\nnacks\r\n:2\r\n$21\r\nadditional-deliveries\r\n:5\r\n")
+    [job] = calls.get_job(["q"], with_counters=True).parse(wire(raw))
+    assert (job.body, job.nacks, job.additional_deliveries) == (b"hello", 2, 5)
+
+
+def test_addjob_status_reply_is_the_id():
+    assert calls.add_job("q", "b").parse(wire(b"+" + JOB_ID.encode() + b"\r\n")) == JOB_ID
+
+
+def test_show_reply_becomes_a_dict_with_body_bytes():
+    raw = (b"*8\r\n$2\r\nid\r\n$40\r\n" + JOB_ID.encode() + b"\r\n$5\r\nstate\r\n$6\r\nqueued"
+           b"\r\n$19\r\nnext-requeue-within\r\n$-1\r\n$4\r\nbody\r\n$3\r\n\xff\x00x\r\n")
+    show = calls.show(JOB_ID).parse(wire(raw))
+    assert show == {"id": JOB_ID, "state": "queued", "next-requeue-within": None,
+                    "body": b"\xff\x00x"}
+    assert calls.show(JOB_ID).parse(wire(b"$-1\r\n")) is None
+    assert calls.show(JOB_ID).parse(wire(b"_\r\n")) is None
+
+
+def test_qstat_reply_and_unknown_queue():
+    raw = (b"*6\r\n$4\r\nname\r\n$1\r\nq\r\n$3\r\nlen\r\n:3\r\n$11\r\nimport-from\r\n"
+           b"*1\r\n$3\r\nabc\r\n")
+    assert calls.qstat("q").parse(wire(raw)) == {"name": "q", "len": 3, "import-from": ["abc"]}
+    assert calls.qstat("q").parse(wire(b"*-1\r\n")) is None
+
+
+def test_hello_reply_lists_nodes_with_integer_port_and_priority():
+    raw = (b"*4\r\n:1\r\n$3\r\nid1\r\n*4\r\n$3\r\nid1\r\n$9\r\n127.0.0.1\r\n$4\r\n7711\r\n"
+           b"$1\r\n1\r\n*4\r\n$3\r\nid2\r\n$0\r\n\r\n$4\r\n7712\r\n$3\r\n100\r\n")
+    hello = calls.hello().parse(wire(raw))
+    assert hello == Hello(1, "id1", [HelloNode("id1", "127.0.0.1", 7711, 1),
+                                     HelloNode("id2", "", 7712, 100)])
+
+
+def test_hello_3_map_is_not_taken_for_disque_hello():
+    with pytest.raises(ValueError):
+        replies.parse_hello({b"server": b"disque"})
+
+
+def test_scan_replies():
+    raw = b"*2\r\n$2\r\n17\r\n*2\r\n$1\r\na\r\n$1\r\nb\r\n"
+    assert calls.qscan().parse(wire(raw)) == (17, ["a", "b"])
+    raw = b"*2\r\n$1\r\n0\r\n*1\r\n+" + JOB_ID.encode() + b"\r\n"
+    assert calls.jscan().parse(wire(raw)) == (0, [JOB_ID])
+    raw = b"*2\r\n$1\r\n0\r\n*1\r\n*4\r\n$2\r\nid\r\n$1\r\nx\r\n$4\r\nbody\r\n$1\r\nb\r\n"
+    assert calls.jscan(reply="all").parse(wire(raw)) == (0, [{"id": "x", "body": b"b"}])
+
+
+def test_info_reply_becomes_a_flat_dict_with_numbers():
+    text = b"# Server\r\ndisque_version:0.1.0\r\ntcp_port:7711\r\n\r\n# Memory\r\nratio:1.5\r\n"
+    raw = b"$%d\r\n%s\r\n" % (len(text), text)
+    assert calls.info().parse(wire(raw)) == {"disque_version": "0.1.0", "tcp_port": 7711,
+                                             "ratio": 1.5}
+    assert calls.info("memory").args == ("INFO", "memory")
+
+
+def test_job_id_helpers():
+    assert replies.is_job_id(JOB_ID)
+    assert not replies.is_job_id("D-short")
+    assert replies.node_prefix(JOB_ID) == "dcb833cf"
+
+
+# ---------------------------------------------------------------------------- errors
+@pytest.mark.parametrize(("line", "cls"), [
+    ("NOREPL Not enough reachable nodes for the requested replication level",
+     NoReplicationError),
+    ("PAUSED Queue paused in input, try later", PausedError),
+    ("LEAVING This node is leaving the cluster, please connect to a different one",
+     LeavingError),
+    ("MAXLEN Queue is already longer than the specified MAXLEN count", MaxLenError),
+    ("NOJOB Job not known in the context of this node.", NoJobError),
+    ("BADID Invalid Job ID format.", BadIdError),
+    ("TOOLATE Half of job TTL already elapsed, you are no longer allowed to postpone the "
+     "next delivery.", TooLateError),
+    ("OOM command not allowed when used memory > 'maxmemory'.", OutOfMemoryError),
+    ("ERR syntax error", DisqueError),
+])
+def test_error_replies_map_to_typed_exceptions(line, cls):
+    # what redis-py's parser makes of the line (it cuts the prefix of ERR and OOM)
+    exc = wire(b"-" + line.encode() + b"\r\n")
+    mapped = error_from_redis(exc)
+    assert type(mapped) is cls
+    assert isinstance(mapped, DisqueError)
+    prefix, _, message = line.partition(" ")
+    assert (mapped.prefix, mapped.message) == (prefix, message)
+    assert str(mapped) == line
+    assert type(error_from_reply(line)) is cls
+
+
+def test_unknown_error_prefix_keeps_its_prefix():
+    mapped = error_from_reply("WEIRD something odd")
+    assert type(mapped) is DisqueError and mapped.prefix == "WEIRD"
+
+
+def test_redis_exception_without_status_code_is_mapped_by_class():
+    from redis.exceptions import OutOfMemoryError as RedisOOM
+    exc = RedisOOM("command not allowed when used memory > 'maxmemory'.")
+    exc.status_code = None
+    assert type(error_from_redis(exc)) is OutOfMemoryError
+
+
+def test_connection_error_is_a_disque_error_and_a_builtin_connection_error():
+    exc = DisqueConnectionError("gone", unreachable=True)
+    assert isinstance(exc, DisqueError) and isinstance(exc, ConnectionError)
+    assert exc.unreachable
+
+
+def test_every_typed_error_is_registered_by_prefix():
+    for prefix in ("NOREPL", "PAUSED", "LEAVING", "MAXLEN", "NOJOB", "BADID", "TOOLATE", "OOM"):
+        assert errors.ERRORS_BY_PREFIX[prefix].prefix == prefix
+
+
+# ---------------------------------------------------------------------------- addresses
+@pytest.mark.parametrize(("spec", "expected"), [
+    ("disque://127.0.0.1:7711,127.0.0.1:7712",
+     [("127.0.0.1", 7711), ("127.0.0.1", 7712)]),
+    ("h1:7000, h2", [("h1", 7000), ("h2", 7711)]),
+    (["h1:1", "h2:2,h3:3"], [("h1", 1), ("h2", 2), ("h3", 3)]),
+    ("disque://:secret@h1:7711", [("h1", 7711)]),
+    ("[::1]:7712,[::1]", [("::1", 7712), ("::1", 7711)]),
+    ("h1:1,h1:1", [("h1", 1)]),
+])
+def test_node_lists_in_every_accepted_form(spec, expected):
+    assert parse_nodes(spec) == expected
+
+
+@pytest.mark.parametrize("bad", ["", "http://h:1", "h:notaport", "h:0", "h:70000", "[::1"])
+def test_bad_node_lists_are_refused(bad):
+    with pytest.raises(ValueError):
+        parse_nodes(bad)
+
+
+def test_url_password_is_used():
+    c = ClientBase("disque://:s3cret@127.0.0.1:7711")
+    assert c.connection_kwargs["password"] == "s3cret"
+    assert "protocol" not in c.connection_kwargs  # redis-py's default unless asked
+    assert ClientBase("h:1", protocol=2).connection_kwargs["protocol"] == 2
+
+
+def test_parse_addr_and_node_addr_roundtrip():
+    assert parse_addr("[::1]:7711") == ("::1", 7711)
+    assert Node("::1", 7711).addr == "[::1]:7711"
+    assert Node("h", 1, id="abcdef0123456789").prefix == "abcdef01"
+
+
+# ---------------------------------------------------------------------------- node choice
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def hello(node_id: str, *entries: tuple[str, str, int, int]) -> Hello:
+    return Hello(1, node_id, [HelloNode(*e) for e in entries])
+
+
+def table(n: int = 3, seed: int = 1) -> tuple[NodeTable, Clock]:
+    clock = Clock()
+    t = NodeTable([("127.0.0.1", 7000 + i) for i in range(n)], cooldown=5.0,
+                  rng=random.Random(seed), clock=clock)
+    return t, clock
+
+
+def test_candidates_are_a_random_order_of_all_seeds():
+    orders = set()
+    for seed in range(30):
+        t, _ = table(seed=seed)
+        orders.add(tuple(n.port for n in t.candidates()))
+    assert len(orders) > 1  # random, so clients spread over the nodes
+    assert all(sorted(o) == [7000, 7001, 7002] for o in orders)
+
+
+def test_lower_priority_is_preferred_and_failed_nodes_come_last():
+    t, clock = table()
+    via = t.get("127.0.0.1:7000")
+    assert via is not None
+    t.update_from_hello(hello("a", ("a", "127.0.0.1", 7000, 1), ("b", "127.0.0.1", 7001, 100),
+                              ("c", "127.0.0.1", 7002, 10)), via)
+    for seed in range(10):
+        t.rng = random.Random(seed)
+        assert [n.port for n in t.candidates()] == [7000, 7002, 7001]
+    t.mark_failed("127.0.0.1:7000")
+    assert [n.port for n in t.candidates()] == [7002, 7001, 7000]
+    clock.now += 6  # the cooldown is over
+    assert t.candidates()[0].port == 7000
+
+
+def test_hello_adds_new_nodes_and_drops_forgotten_non_seeds():
+    t, _ = table(n=1)
+    via = t.get("127.0.0.1:7000")
+    assert via is not None
+    t.update_from_hello(hello("a", ("a", "127.0.0.1", 7000, 1), ("b", "10.0.0.2", 7001, 1),
+                              ("c", "", 7002, 5)), via)
+    assert via.id == "a"
+    assert sorted(t.nodes) == ["10.0.0.2:7001", "127.0.0.1:7000", "127.0.0.1:7002"]
+    # an empty IP: reached on the host used for the node that answered
+    assert t.get("127.0.0.1:7002").priority == 5  # type: ignore[union-attr]
+    assert t.by_prefix("b") is t.get("10.0.0.2:7001")
+    t.update_from_hello(hello("a", ("a", "127.0.0.1", 7000, 1)), via)
+    assert list(t.nodes) == ["127.0.0.1:7000"]  # the seed stays, the others are gone
+
+
+def test_hello_matches_a_seed_known_under_another_name_by_id():
+    t = NodeTable([("localhost", 7000), ("127.0.0.1", 7001)])
+    a, b = t.get("localhost:7000"), t.get("127.0.0.1:7001")
+    assert a is not None and b is not None
+    b.id = "bbbb"
+    t.update_from_hello(hello("aaaa", ("aaaa", "127.0.0.1", 7000, 1),
+                              ("bbbb", "127.0.0.1", 7001, 100)), a)
+    assert b.priority == 100
+    assert a.id == "aaaa"
+    assert len(t) == 2  # the answering node's own entry is not added under its other name
+
+
+def test_pinned_table_does_not_learn_nodes():
+    t, _ = table(n=1)
+    via = t.get("127.0.0.1:7000")
+    assert via is not None
+    t.update_from_hello(hello("a", ("a", "127.0.0.1", 7000, 100), ("b", "127.0.0.1", 7001, 1)),
+                        via, add_nodes=False)
+    assert list(t.nodes) == ["127.0.0.1:7000"] and via.priority == 100
+
+
+def test_a_leaving_node_is_kept_only_when_nothing_better_answers():
+    c = ClientBase(["127.0.0.1:7000", "127.0.0.1:7001"])
+    via = c.table.get("127.0.0.1:7000")
+    assert via is not None
+    h = hello("a", ("a", "127.0.0.1", 7000, 100), ("b", "127.0.0.1", 7001, 1))
+    assert c.pick_after_hello(via, h) is False
+    c.table.mark_failed("127.0.0.1:7001")
+    assert c.pick_after_hello(via, h) is True
+
+
+def test_read_timeout_covers_the_blocking_time():
+    c = ClientBase("h:1", socket_timeout=10)
+    assert c.read_timeout(None) == 10
+    assert c.read_timeout(0) is None
+    assert c.read_timeout(2500) == 12.5
+
+
+def test_add_jobs_result_counts():
+    r = AddJobsResult([JOB_ID, None, JOB_ID2], [None, MaxLenError("full"), None])
+    assert (r.added, r.failed, r.ok) == (2, 1, False)
+
+
+# ---------------------------------------------------------------------------- consumer
+def test_producer_prefix_dominating_is_preferred():
+    stats = PrefixStats(window=1000)
+    for _ in range(40):
+        stats.observe(JOB_ID)
+    assert stats.preferred(min_jobs=50) is None  # not enough seen yet
+    for _ in range(30):
+        stats.observe(JOB_ID2)
+    assert stats.preferred(min_jobs=50) == "dcb833cf"
+    for _ in range(10):
+        stats.observe(JOB_ID2)
+    assert stats.preferred(min_jobs=50) is None  # 40 vs 40: nobody has more than half
+
+
+def test_prefix_counts_decay():
+    stats = PrefixStats(window=10)
+    for _ in range(10):
+        stats.observe(JOB_ID)
+    assert stats.counts["dcb833cf"] == 5
+
+
+def test_heartbeat_first_asks_show_then_working_before_the_requeue():
+    hb = Heartbeats(first_check=0.2, fraction=0.8)
+    hb.add(JOB_ID, "node", now=10.0)
+    assert hb.due(10.1) == []
+    [entry] = hb.due(10.2)
+    assert not entry.checked
+    assert hb.on_show(entry, {"retry": 10, "next-requeue-within": 5000}, now=10.2)
+    assert entry.due == pytest.approx(10.2 + 0.8 * 5.0)
+    assert hb.on_working(entry, 10, now=14.2)
+    assert entry.due == pytest.approx(14.2 + 8.0)
+    assert hb.next_due() == entry.due
+
+
+def test_heartbeat_stops_for_retry_zero_unknown_or_too_late_jobs():
+    hb = Heartbeats()
+    hb.add("a", None, 0.0)
+    hb.add("b", None, 0.0)
+    hb.add("c", None, 0.0)
+    a, b, c = hb.jobs["a"], hb.jobs["b"], hb.jobs["c"]
+    assert not hb.on_show(a, {"retry": 0, "next-requeue-within": None}, 1.0)
+    assert not hb.on_show(b, None, 1.0)
+    assert not hb.on_working(c, None, 1.0)  # NOJOB / TOOLATE
+    assert hb.jobs == {}
+
+
+def test_heartbeat_forgets_finished_jobs():
+    hb = Heartbeats()
+    hb.add("a", None, 0.0)
+    hb.remove("a")
+    hb.remove("a")
+    assert hb.next_due() is None
