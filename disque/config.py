@@ -544,7 +544,8 @@ def _quote(token: str) -> str:
         elif c == "\b":
             out.append("\\b")
         elif not c.isprintable() and ord(c) < 256:
-            out.append(f"\\x{ord(c):02x}")
+            # \xNN is a byte (as in Redis): write the character's UTF-8 bytes
+            out.extend(f"\\x{b:02x}" for b in c.encode("utf-8", "surrogateescape"))
         else:
             out.append(c)
     out.append('"')

@@ -140,7 +140,13 @@ def strict_int(b: bytes) -> int:
 
 
 def split_inline(line: bytes) -> list[bytes] | None:
-    """Split an inline command like Redis's sdssplitargs; None on unbalanced quotes."""
+    """Split an inline command like Redis's sdssplitargs; None on unbalanced quotes.
+
+    sdssplitargs reads a C string: a NUL byte ends the input (and must, here: a NUL token
+    separator that the whitespace skip does not step over would loop forever)."""
+    nul = line.find(b"\0")
+    if nul >= 0:
+        line = line[:nul]
     args: list[bytes] = []
     i = 0
     n = len(line)
@@ -189,7 +195,7 @@ def split_inline(line: bytes) -> list[bytes] | None:
                 if i >= n:
                     break
                 c = line[i]
-                if c in b" \n\r\t\0":  # sdssplitargs: \v and \f do not end a token
+                if c in b" \n\r\t":  # sdssplitargs: \v and \f do not end a token
                     break
                 if c == 34:
                     inq = True

@@ -412,3 +412,12 @@ def test_one_corrupted_byte_raises_only_protocol_error(reqs, pos, byte, cuts):
     for req in got:
         assert isinstance(req, list)
         assert all(type(a) is bytes for a in req)
+
+
+def test_nul_byte_ends_an_inline_request_instead_of_looping_forever() -> None:
+    # Regression: NUL ended a token but was not skipped as whitespace, so an inline request
+    # containing it made split_inline append empty arguments forever (memory grew to GBs).
+    # sdssplitargs reads a C string: NUL ends the input.
+    assert split_inline(b"\0") == []
+    assert split_inline(b"PING a\0b c") == [b"PING", b"a"]
+    assert feed([b"PI\0NG\r\nPING\r\n"]) == ([[b"PI"], [b"PING"]], None)
