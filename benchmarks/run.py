@@ -37,7 +37,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -49,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.loadgen import Client, E2EConfig, E2EResult, run_e2e
+from disque.tools.ports import free_port  # noqa: F401 - also used by benchmarks.aof
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIOS = ("addjob", "getjob", "e2e", "cluster", "memory", "spark", "aof")
@@ -57,21 +57,6 @@ BODY16 = "0123456789abcdef"
 
 # -- servers ------------------------------------------------------------------------------
 
-def free_port() -> int:
-    """A loopback port p free now, with p + 10000 (disque's cluster bus) free too."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port + 10000 > 65535:
-            continue
-        try:
-            with socket.socket() as s2:
-                s2.bind(("127.0.0.1", port + 10000))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError("no free loopback port pair found")
 
 
 def _child_setup(cpus: set[int] | None) -> Callable[[], None]:

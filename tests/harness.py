@@ -20,24 +20,11 @@ from typing import Any
 
 import redis
 
+from disque.tools.ports import free_port  # noqa: F401 - re-exported
+
 REPO = Path(__file__).resolve().parent.parent
 
 
-def free_port() -> int:
-    """A port p free on loopback such that p + 10000 (the cluster bus) is free too."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port + 10000 > 65535:
-            continue
-        try:
-            with socket.socket() as s2:
-                s2.bind(("127.0.0.1", port + 10000))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError("no free port pair found")
 
 
 def wait_for(cond: Callable[[], Any], timeout: float = 20.0, interval: float = 0.02,
