@@ -70,6 +70,7 @@ def main() -> None:
     measure("ADDJOB pipelined x16", server, add * 16, 16, n)
     get = resp(b"GETJOB", b"NOHANG", b"FROM", b"q")
     measure("GETJOB NOHANG pipelined x16", server, get * 16, 16, n)
+    measure("PING unpipelined", server, resp(b"PING"), 1, n)
     measure("PING pipelined x16", server, resp(b"PING") * 16, 16, n)
 
 

@@ -51,7 +51,7 @@ from benchmarks.loadgen import Client, E2EConfig, E2EResult, run_e2e
 from disque.tools.ports import free_port  # noqa: F401 - also used by benchmarks.aof
 
 REPO = Path(__file__).resolve().parent.parent
-SCENARIOS = ("addjob", "getjob", "e2e", "cluster", "memory", "spark", "aof")
+SCENARIOS = ("ping", "addjob", "getjob", "e2e", "cluster", "memory", "spark", "aof")
 BODY16 = "0123456789abcdef"
 
 
@@ -250,6 +250,13 @@ class Options:
     memory_jobs: int
     cluster_n: int = 30_000
     cluster_e2e_jobs: int = 20_000
+    n_pipelined: int = 1_000_000
+
+    def requests(self, pipeline: int) -> int:
+        """Requests per load: pipelined loads get more, so redis-server's run lasts about a
+        second instead of a fifth (a 0.2 s run measured connection set-up as much as LPUSH,
+        and swung by 30% run to run). Both servers always get the same count."""
+        return self.n_pipelined if pipeline > 1 else self.n
 
 
 def _qlen(port: int, flavor: str, queue: str) -> int:
@@ -266,7 +273,8 @@ def _counted(server: Server | None, flavor: str, queue: str, expect: int, comman
         return Load(error=f"{flavor} server not running")
     try:
         before = _qlen(server.port, flavor, queue)
-        load = redis_benchmark(server.port, command, o.n, pipeline, o.clients, o.time_limit)
+        load = redis_benchmark(server.port, command, abs(expect), pipeline, o.clients,
+                               o.time_limit)
         after = _qlen(server.port, flavor, queue)
     except (OSError, RuntimeError) as exc:
         return Load(error=f"{exc!r}")
@@ -308,7 +316,26 @@ def scenario_addjob(d: Server | None, r: Server | None, o: Options) -> list[Row]
         q = f"add{p}"
         for flavor, server, cmd in (("disque", d, ["ADDJOB", q, "body", "0"]),
                                     ("redis", r, ["LPUSH", q, "body"])):
-            load = _counted(server, flavor, q, o.n, cmd, p, o)
+            load = _counted(server, flavor, q, o.requests(p), cmd, p, o)
+            setattr(row, flavor, load)
+            _report(row.label, flavor, load)
+        rows.append(row)
+    return rows
+
+
+def scenario_ping(d: Server | None, r: Server | None, o: Options) -> list[Row]:
+    """PING on both servers: the request path's ceiling (event loop, parsing, dispatch,
+    reply, syscalls) with no command work at all. A ratio target above PING's own ratio
+    cannot be met by making the command cheaper."""
+    rows = []
+    for p in (1, 16):
+        row = Row(f"ping_p{p}", f"PING vs PING P{p} (ceiling)")
+        for flavor, server in (("disque", d), ("redis", r)):
+            if server is None or not server.alive():
+                load = Load(error=f"{flavor} server not running")
+            else:
+                load = redis_benchmark(server.port, ["PING"], o.requests(p), p, o.clients,
+                                       o.time_limit)
             setattr(row, flavor, load)
             _report(row.label, flavor, load)
         rows.append(row)
@@ -326,11 +353,12 @@ def scenario_getjob(d: Server | None, r: Server | None, o: Options) -> list[Row]
             setattr(row, flavor, Load(error=f"{flavor} server not running"))
             _report(row.label, flavor, getattr(row, flavor))
             continue
-        pre = _counted(server, flavor, q, o.n, fill, 16, o)
+        n = o.requests(16)
+        pre = _counted(server, flavor, q, n, fill, 16, o)
         if not pre.ok or pre.note or pre.partial:
             setattr(row, flavor, Load(error=f"pre-fill failed: {pre.error or pre.note}"))
         else:
-            setattr(row, flavor, _counted(server, flavor, q, -o.n, take, 16, o))
+            setattr(row, flavor, _counted(server, flavor, q, -n, take, 16, o))
         _report(row.label, flavor, getattr(row, flavor))
     return [row]
 
@@ -700,7 +728,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--only", default=",".join(SCENARIOS),
                     help=f"comma-separated scenarios among {','.join(SCENARIOS)}")
     ap.add_argument("-n", "--requests", type=int, default=None,
-                    help="requests per redis-benchmark run (default 200000, quick 50000)")
+                    help="requests per unpipelined redis-benchmark run (default 200000, "
+                         "quick 50000)")
+    ap.add_argument("--pipelined-requests", type=int, default=None,
+                    help="requests per -P 16 redis-benchmark run and jobs pre-filled for "
+                         "GETJOB (default 1000000, quick 250000)")
     ap.add_argument("-c", "--clients", type=int, default=50, help="connections per load")
     ap.add_argument("--jobs-for-memory", type=int, default=None,
                     help="jobs queued for the memory scenario (default 1000000, quick 100000)")
@@ -748,6 +780,7 @@ def main(argv: list[str] | None = None) -> int:
         memory_jobs=a.jobs_for_memory or (100_000 if a.quick else 1_000_000),
         cluster_n=a.cluster_requests or (6_000 if a.quick else 30_000),
         cluster_e2e_jobs=a.cluster_e2e_jobs or (5_000 if a.quick else 20_000),
+        n_pipelined=a.pipelined_requests or (250_000 if a.quick else 1_000_000),
     )
     for tool in ("redis-server", "redis-benchmark"):
         if shutil.which(tool) is None:
@@ -762,7 +795,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(started))
     _say(f"disque-py benchmark {stamp}: {ncpu} CPU(s), python {platform.python_version()}, "
-         f"{o.clients} connections, -n {o.n}, mode {'quick' if a.quick else 'full'}")
+         f"{o.clients} connections, -n {o.n} (P16: {o.n_pipelined}), mode {'quick' if a.quick else 'full'}")
     _say(f"note: load generator and servers share the {ncpu} CPU(s) of this machine")
     load_start = os.getloadavg()
     busy = cpu_busy()
@@ -799,6 +832,8 @@ def main(argv: list[str] | None = None) -> int:
                                 "redis": _server_version(r, ("redis_version",))}
                     _say(f"disque on port {d.port if d else '-'}, redis-server "
                          f"{versions['redis']} on port {r.port}")
+                    if "ping" in load_scenarios:
+                        rows += scenario_ping(d, r, o)
                     if "addjob" in load_scenarios:
                         rows += scenario_addjob(d, r, o)
                     if "getjob" in load_scenarios:

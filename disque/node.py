@@ -341,11 +341,12 @@ class Node(ClusterJobs):
                 ttl: int | None, retry: int | None, delay: int, maxlen: int | None,
                 async_: bool) -> Job:
         """ADDJOB after option parsing: checks 3..7 of the checklist, in order."""
+        m = self.membership
+        clustered = m is not None and m.size() > 1
         if replicate is None:
             # min(3, reachable nodes) as issue 5 asks (the original counted every known node,
             # failing ones too, so one dead node of three made every default ADDJOB fail).
-            m = self.membership
-            size = 1 + len(m.reachable()) if m is not None and m.size() > 1 else 1
+            size = 1 + len(m.reachable()) if clustered else 1
             repl = 3 if size >= 3 else size
         else:
             repl = replicate
@@ -364,8 +365,8 @@ class Node(ClusterJobs):
         external = False
         needed = repl - 1
         reachable: tuple[bytes, ...] = ()
-        if self.membership is not None and self.membership.size() > 1:
-            reachable = self.membership.reachable()
+        if clustered:
+            reachable = m.reachable()
             if self.leaving or (self.maxmemory and self.mem_used * 4 > self.maxmemory * 3):
                 external = True
                 needed = repl
@@ -528,9 +529,18 @@ class Node(ClusterJobs):
     def get_jobs(self, names: list[bytes], count: int) -> list[Job]:
         """Passes over the queues left to right, one job per queue per pass, until `count`
         jobs or a pass that yields nothing. Queues paused in output are skipped."""
-        jobs: list[Job] = []
         shards = self._qshards
         mask = self._qmask
+        if count == 1 and len(names) == 1:  # the common GETJOB [NOHANG] FROM q
+            q = shards[hash(names[0]) & mask].get(names[0])
+            if q is None or not q.jobs._len or q.paused & PAUSE_OUT:
+                return []
+            now = self.clock()
+            job = self.fetch(q, now)
+            if not q.jobs._len and (q.needjobs_responders or q.waiters):
+                self.need_jobs(q, now, reached_zero=True)
+            return [job]
+        jobs: list[Job] = []
         queues = [shards[hash(n) & mask].get(n) for n in names]
         now = 0
         while True:

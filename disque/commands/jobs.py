@@ -23,6 +23,21 @@ def job_ids(argv: list[bytes], start: int = 1) -> list[bytes]:
     return ids
 
 
+# `$<n>\r\n` headers of short bodies, and the fixed `*3 queue $40` head of each queue's
+# entries: a GETJOB reply is then a join of ready pieces (the % formatting cost 2x more).
+_BODY_HEADS = [b"\r\n$%d\r\n" % n for n in range(4096)]
+_QUEUE_HEADS: dict[bytes, bytes] = {}
+
+
+def _queue_head(q: bytes) -> bytes:
+    head = _QUEUE_HEADS.get(q)
+    if head is None:
+        if len(_QUEUE_HEADS) >= 4096:
+            _QUEUE_HEADS.clear()
+        head = _QUEUE_HEADS[q] = b"*3\r\n$%d\r\n%b\r\n$40\r\n" % (len(q), q)
+    return head
+
+
 def job_entry(job: Job, withcounters: bool) -> bytes:
     q = job.queue
     body = job.body
@@ -30,10 +45,20 @@ def job_entry(job: Job, withcounters: bool) -> bytes:
         return (b"*7\r\n$%d\r\n%b\r\n$40\r\n%b\r\n$%d\r\n%b\r\n$5\r\nnacks\r\n:%d\r\n"
                 b"$21\r\nadditional-deliveries\r\n:%d\r\n"
                 % (len(q), q, job.id, len(body), body, job.nacks, job.deliveries))
-    return b"*3\r\n$%d\r\n%b\r\n$40\r\n%b\r\n$%d\r\n%b\r\n" % (len(q), q, job.id, len(body), body)
+    n = len(body)
+    return b"".join((_QUEUE_HEADS.get(q) or _queue_head(q), job.id,
+                     _BODY_HEADS[n] if n < 4096 else b"\r\n$%d\r\n" % n, body, b"\r\n"))
 
 
 def jobs_reply(jobs: list[Job], withcounters: bool) -> bytes:
+    if len(jobs) == 1 and not withcounters:  # GETJOB's usual reply: one join, no frames
+        job = jobs[0]
+        q = job.queue
+        body = job.body
+        n = len(body)
+        return b"".join((b"*1\r\n", _QUEUE_HEADS.get(q) or _queue_head(q), job.id,
+                         _BODY_HEADS[n] if n < 4096 else b"\r\n$%d\r\n" % n, body,
+                         b"\r\n"))
     parts = [array_len(len(jobs))]
     for job in jobs:
         parts.append(job_entry(job, withcounters))
@@ -161,6 +186,9 @@ def cmd_getjob(c: Any, argv: list[bytes]) -> None:
     i = 1
     while i < n:
         opt = argv[i].lower()
+        if opt == b"from":
+            queues = argv[i + 1:]
+            break
         if opt == b"nohang":
             nohang = True
         elif opt == b"withcounters":
@@ -172,9 +200,6 @@ def cmd_getjob(c: Any, argv: list[bytes]) -> None:
             count = _ranged(_opt_value(argv, i), 1, None,
                             "COUNT must be a number greater than zero")
             i += 1
-        elif opt == b"from":
-            queues = argv[i + 1:]
-            break
         else:
             raise syntax()
         i += 1
