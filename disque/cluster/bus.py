@@ -169,10 +169,28 @@ class BusLink(asyncio.Protocol):
             return
         self.queue = []
         transport = self.transport
-        transport.write(encode_many(queue, self.bus.membership.stats))
+        stats = self.bus.membership.stats
+        try:
+            data = encode_many(queue, stats)
+        except (OverflowError, ValueError, TypeError) as exc:
+            data = self.salvage(queue, exc)
+        transport.write(data)
         if transport.get_write_buffer_size() > LINK_OUTPUT_LIMIT:
             self.bus.log_link_error("bus.slow_peer", self, "output limit reached")
             self.close()
+
+    def salvage(self, queue: list[Message], exc: Exception) -> bytes:
+        """A message that cannot be encoded is a bug, not a reason to lose the rest of the
+        batch (other jobs' REPLJOB, GOTJOB, ACKs): drop that one, log it, send the others."""
+        stats = self.bus.membership.stats
+        frames = []
+        for msg in queue:
+            try:
+                frames.append(encode_many((msg,), stats))
+            except (OverflowError, ValueError, TypeError):
+                self.bus.log_link_error("bus.encode_error", self,
+                                        f"dropped {type(msg).__name__}: {exc}")
+        return b"".join(frames)
 
     def close(self) -> None:
         if self.closed:

@@ -42,6 +42,8 @@ from typing import Any, ClassVar, NamedTuple
 
 import msgpack
 
+from disque.jobs.job import MAX_JOB_SECONDS
+
 VERSION = 1
 MAX_FRAME = 64 * 1024 * 1024  # default FrameDecoder limit (bytes of payload)
 
@@ -524,8 +526,8 @@ def _job_id(v: Any) -> bytes:
     return v
 
 
-def _uint(v: Any, what: str) -> int:
-    if type(v) is not int or v < 0:
+def _uint(v: Any, what: str, limit: int = _MAX_U64) -> int:
+    if type(v) is not int or not 0 <= v <= limit:
         raise BusProtocolError(f"bad {what}")
     return v
 
@@ -536,8 +538,12 @@ def _job_record(v: Any) -> JobRecord:
     jid, queue, body, repl, ttl_ms, ctime, delay, retry, nacks, deliv, delivered = v
     if type(queue) is not bytes or type(body) is not bytes or type(delivered) is not list:
         raise BusProtocolError("bad job record fields")
-    return JobRecord(_job_id(jid), queue, body, _uint(repl, "repl"), _uint(ttl_ms, "ttl"),
-                     _uint(ctime, "ctime"), _uint(delay, "delay"), _uint(retry, "retry"),
+    # TTL, DELAY and RETRY within what ADDJOB accepts: times derived from them must fit the
+    # bus and AOF encodings when this node sends or logs the job in turn.
+    return JobRecord(_job_id(jid), queue, body, _uint(repl, "repl"),
+                     _uint(ttl_ms, "ttl", MAX_JOB_SECONDS * 1000), _uint(ctime, "ctime"),
+                     _uint(delay, "delay", MAX_JOB_SECONDS),
+                     _uint(retry, "retry", MAX_JOB_SECONDS),
                      _uint(nacks, "nacks"), _uint(deliv, "deliveries"),
                      tuple(_node_id(n) for n in delivered))
 

@@ -8,7 +8,15 @@ from typing import Any
 from disque.cluster.jobs import ReplWaiter
 from disque.commands import command, int_arg, parse_int, timeout_arg
 from disque.jobs.ids import is_valid_id
-from disque.jobs.job import ACKED, F_DUMMY, STATE_BY_NAME, STATE_NAMES, WAIT_REPL, Job
+from disque.jobs.job import (
+    ACKED,
+    F_DUMMY,
+    MAX_JOB_SECONDS,
+    STATE_BY_NAME,
+    STATE_NAMES,
+    WAIT_REPL,
+    Job,
+)
 from disque.node import Waiter
 from disque.protocol.errors import CommandError, badid, err, syntax
 from disque.protocol.reply import Status, array_len, encode, integer
@@ -100,9 +108,13 @@ def cmd_addjob(c: Any, argv: list[bytes]) -> None:
                                 "REPLICATE must be between 1 and 65535")
         elif opt == b"ttl":
             ttl = _ranged(_opt_value(argv, i), 1, None, "TTL must be a number > 0")
+            if ttl > MAX_JOB_SECONDS:
+                raise err(f"TTL must be at most {MAX_JOB_SECONDS} seconds (10 years)")
         elif opt == b"retry":
             retry = _ranged(_opt_value(argv, i), 0, None,
                             "RETRY time must be a non negative number")
+            if retry > MAX_JOB_SECONDS:
+                raise err(f"RETRY time must be at most {MAX_JOB_SECONDS} seconds (10 years)")
         elif opt == b"delay":
             delay = _ranged(_opt_value(argv, i), 0, None,
                             "DELAY time must be a non negative number")

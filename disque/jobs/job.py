@@ -9,6 +9,12 @@ ACKED = 3
 STATE_NAMES = (b"wait-repl", b"active", b"queued", b"acked")
 STATE_BY_NAME = {name: i for i, name in enumerate(STATE_NAMES)}
 
+# The longest TTL and RETRY a job may have, in seconds (10 years). The original took any
+# 64-bit value and wrapped it into the 32-bit fields of its job layout (an absolute etime in
+# seconds, the retry); here such a job broke the bus encoding (a sync ADDJOB then never
+# returned) and came back from the AOF with another expiry. ADDJOB refuses more.
+MAX_JOB_SECONDS = 10 * 365 * 86400
+
 # flags
 F_BCAST_QUEUED = 1  # queued at least once on this node: a later queueing counts a delivery
 F_BCAST_WILLQUEUE = 2  # WILLQUEUE already sent for the current requeue cycle

@@ -114,6 +114,18 @@ def test_replicate_1_keeps_a_single_queued_copy(cluster):
     assert show(c[1], jid) is None and show(c[2], jid) is None
 
 
+def test_huge_ttl_or_retry_is_refused_and_replication_keeps_working(cluster):
+    """Regression: `ADDJOB q b 0 TTL 9223372036854775807` in a cluster never returned (the
+    bus could not encode the job's expiry and dropped the whole batch of messages with it).
+    Now ADDJOB refuses TTL/RETRY beyond 10 years and the cluster keeps replicating."""
+    c = cluster(3)
+    for opt in ("TTL", "RETRY"):
+        reply = cmd(c[0], "ADDJOB", Q, "huge", 0, opt, "9223372036854775807", timeout=10)
+        assert isinstance(reply, Err) and "at most 315360000 seconds" in reply, reply
+    jid = add(c[0], "fine", "TTL", 315360000, "REPLICATE", 3)
+    assert len(holders(c, jid)) == 3
+
+
 def test_default_replication_is_three_copies(cluster):
     c = cluster(5)
     jid = add(c[2], "default")

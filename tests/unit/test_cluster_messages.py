@@ -254,3 +254,30 @@ def test_auth_messages_carry_nonce_and_digest() -> None:
     resp = FrameDecoder().feed(AuthResponse(Header(NODE_B, b"", 1, 2, 0), digest).encode())[0]
     assert isinstance(resp, AuthResponse)
     assert auth_verify(b"pw", nonce, resp.header.sender, resp.digest)
+
+
+# ---------------------------------------------------------------------------- job records
+def _repljob_fields(ttl_ms: int, delay: int, retry: int) -> list:
+    rec = [b"D-aaaaaaaa-" + b"x" * 24 + b"-05a1", b"q", b"body", 2, ttl_ms, 1, delay, retry,
+           0, 0, [NODE_A]]
+    return [1, bus.REPLJOB, NODE_A, b"", 7711, 17711, 0, [rec, False]]
+
+
+@pytest.mark.parametrize("ttl_ms, delay, retry, ok", [
+    (bus.MAX_JOB_SECONDS * 1000, bus.MAX_JOB_SECONDS - 1, bus.MAX_JOB_SECONDS, True),
+    (bus.MAX_JOB_SECONDS * 1000 + 1, 0, 30, False),
+    ((1 << 64) - 1, 0, 30, False),
+    (5000, bus.MAX_JOB_SECONDS + 1, 30, False),
+    (5000, 0, bus.MAX_JOB_SECONDS + 1, False),
+])
+def test_job_records_beyond_what_addjob_accepts_are_refused(ttl_ms: int, delay: int,
+                                                           retry: int, ok: bool) -> None:
+    """A peer's job whose expiry or retry could not be encoded again when this node
+    forwards it (YOURJOBS) or logs it (AOF) is a protocol error, not a stored job."""
+    data = frame(_repljob_fields(ttl_ms, delay, retry))
+    if ok:
+        (msg,) = FrameDecoder().feed(data)
+        assert msg.job.ttl_ms == ttl_ms and msg.job.retry == retry
+    else:
+        with pytest.raises(BusProtocolError, match="bad (ttl|delay|retry)"):
+            FrameDecoder().feed(data)

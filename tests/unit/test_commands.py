@@ -203,6 +203,15 @@ def test_addjob_replies_status_with_the_new_id(w):
     assert w("QLEN", "q") == b":1\r\n"
 
 
+TTL_TOO_BIG = b"-ERR TTL must be at most 315360000 seconds (10 years)\r\n"
+RETRY_TOO_BIG = b"-ERR RETRY time must be at most 315360000 seconds (10 years)\r\n"
+
+
+def test_addjob_accepts_ttl_and_retry_of_ten_years(w):
+    reply = w("ADDJOB", "q", "b", 0, "TTL", "315360000", "RETRY", "315360000")
+    assert reply[:1] == b"+" and reply[-6:-2] == b"ffff"  # TTL field capped at 65535 minutes
+
+
 @pytest.mark.parametrize("opts,reply", [
     # value option as the last token, unknown token
     (["REPLICATE"], SYNTAX), (["TTL"], SYNTAX), (["RETRY"], SYNTAX), (["DELAY"], SYNTAX),
@@ -230,6 +239,16 @@ def test_addjob_replies_status_with_the_new_id(w):
     (["TTL", "0", "FOO"], b"-ERR TTL must be a number > 0\r\n"),
     (["TTL", "0", "TTL", "10"], b"-ERR TTL must be a number > 0\r\n"),
     (["ttl", "0"], b"-ERR TTL must be a number > 0\r\n"),  # case-insensitive keywords
+    # beyond 10 years: the original wrapped these into 32-bit fields; here a sync ADDJOB
+    # with TTL 2^63-1 never returned (the bus could not encode the expiry)
+    (["TTL", "9223372036854775807"], TTL_TOO_BIG),
+    (["TTL", "315360001"], TTL_TOO_BIG),
+    (["RETRY", "9223372036854775807"], RETRY_TOO_BIG),
+    (["RETRY", "315360001"], RETRY_TOO_BIG),
+    (["TTL", "315360001", "TTL", "10"], TTL_TOO_BIG),
+    (["DELAY", "9223372036854775807"],
+     b"-ERR The specified DELAY is greater than TTL. Job refused since would never be "
+     b"delivered\r\n"),
 ])
 def test_addjob_option_errors(w, opts, reply):
     assert w("ADDJOB", "q", "b", 0, *opts) == reply

@@ -1,0 +1,50 @@
+"""BusLink output over a real socket pair: a message that cannot be encoded loses only
+itself, never the batch it was queued with."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+
+from disque.cluster.bus import Bus, BusLink
+from disque.cluster.membership import Membership
+from disque.cluster.messages import Fail, FrameDecoder, JobRecord, ReplJob
+
+ME = b"a" * 40
+PEER = b"b" * 40
+
+
+def record(ttl_ms: int) -> JobRecord:
+    return JobRecord(b"D-aaaaaaaa-" + b"x" * 24 + b"-05a1", b"q", b"body", 2, ttl_ms,
+                     1, 0, 30, 0, 0, (ME,))
+
+
+async def test_an_unencodable_message_is_dropped_and_the_rest_of_the_batch_is_sent() -> None:
+    loop = asyncio.get_running_loop()
+    membership = Membership(ME, 7711, clock=lambda: 0, rng=random.Random(1))
+    bus = Bus(membership, save_config=lambda _reason: None)
+    ours, theirs = socket.socketpair()
+    theirs.setblocking(False)
+    try:
+        _, link = await loop.create_connection(lambda: BusLink(bus, inbound=False), sock=ours)
+        header = membership.header
+        link.send(Fail(header, PEER))
+        link.send(ReplJob(header, record(1 << 70)))  # beyond u64: msgpack refuses it
+        link.send(ReplJob(header, record(5000)))
+        link.flush()
+        decoder = FrameDecoder()
+        got: list = []
+        deadline = loop.time() + 10
+        while len(got) < 2 and loop.time() < deadline:
+            try:
+                got += decoder.feed(await loop.sock_recv(theirs, 65536))
+            except BlockingIOError:
+                await asyncio.sleep(0.01)
+        assert [type(m).__name__ for m in got] == ["Fail", "ReplJob"]
+        assert got[1].job.ttl_ms == 5000
+        assert "bus.encode_error" in bus.error_log
+        assert not link.closed
+    finally:
+        link.close()
+        theirs.close()
