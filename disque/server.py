@@ -34,7 +34,7 @@ from disque.cluster.bus import Bus
 from disque.cluster.membership import Membership, new_node_id
 from disque.cluster.nodes import NodesConfError, parse_nodes_conf
 from disque.commands import TABLE, Command, load_all, wrong_arity
-from disque.config import Config, ConfigError, load_config, on_set
+from disque.config import Config, ConfigError, ConfigSetError, load_config, on_set
 from disque.node import Node
 from disque.protocol.errors import (
     LOADING_REPLY,
@@ -366,6 +366,14 @@ class Server:
 
         on_set(cfg, "cluster-announce-ip", set_announce)
         on_set(cfg, "cluster-announce-port", set_announce)
+
+        def check_maxclients(c: Config, name: str) -> None:
+            fits, _, _ = adjust_open_files_limit(c.maxclients)
+            if fits < c.maxclients:
+                raise ConfigSetError("ERR The operating system is not able to handle the "
+                                     f"specified number of clients, try with {fits}")
+
+        on_set(cfg, "maxclients", check_maxclients)
 
     # ------------------------------------------------------------------ dispatch
     def execute(self, c: Client, argv: list[bytes]) -> None:
@@ -772,6 +780,38 @@ Any directive of the config file can be given as an option, overriding the file:
 """
 
 
+RESERVED_FDS = 32  # listeners, bus links, the AOF, logs: descriptors that are not clients
+
+
+def adjust_open_files_limit(maxclients: int) -> tuple[int, int, str]:
+    """Make room for `maxclients` clients in RLIMIT_NOFILE, as Redis does at startup.
+
+    Raises the soft limit (and the hard one when allowed) to maxclients + RESERVED_FDS if it
+    is lower. Returns (how many clients fit now, the limit in force, why a raise failed or
+    ""). Without this a default `ulimit -n` of 1024 made the 1000th connection fail at
+    accept() with a reset instead of the max-clients error.
+    """
+    need = maxclients + RESERVED_FDS
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return maxclients, soft, ""
+    if hard == resource.RLIM_INFINITY or hard >= need:
+        attempts = [(need, hard)]
+    else:  # raising the hard limit needs privileges; else settle for the hard limit
+        attempts = [(need, need), (hard, hard)]
+    why = ""
+    for limits in attempts:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+            break
+        except (ValueError, OSError) as exc:
+            why = str(exc)
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return maxclients, soft, ""
+    return max(0, soft - RESERVED_FDS), soft, why or "limit reached"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: `disque-server [CONFIG_FILE] [--directive value ...]`."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -799,6 +839,18 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"Can't open the log file: {exc}", file=sys.stderr)
         return 1
+    fits, limit, why = adjust_open_files_limit(cfg.maxclients)
+    if fits < cfg.maxclients:
+        if fits < 1:
+            log.error("server.ulimit_too_low", open_files=limit,
+                      hint="increase 'ulimit -n' to start the server")
+            print(f"Your current 'ulimit -n' of {limit} is not enough for the server to start.",
+                  file=sys.stderr)
+            return 1
+        log.warning("server.maxclients_reduced", requested=cfg.maxclients, maxclients=fits,
+                    open_files=limit, error=why,
+                    hint="increase 'ulimit -n' if you need more clients")
+        cfg.maxclients = fits
     try:
         import uvloop
         uvloop.install() if sys.version_info < (3, 12) else None

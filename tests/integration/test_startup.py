@@ -4,15 +4,18 @@ SIGTERM/SIGINT (issue 3 "Packaging and commands", checklist §8)."""
 
 from __future__ import annotations
 
+import os
 import signal
+import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 import disque
 from tests.harness import REPO, DisqueProcess, wait_for
-from tests.integration.resp import Conn, node_id
+from tests.integration.resp import Conn, Err, Status, node_id
 
 
 def run_server(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
@@ -106,3 +109,75 @@ def test_signals_shut_down_cleanly(server: DisqueProcess, sig: int) -> None:
     assert server.proc is not None
     server.proc.send_signal(sig)
     assert server.proc.wait(timeout=30) == 0
+
+
+# ---------------------------------------------------------------------------- open files limit
+class LimitedProcess(DisqueProcess):
+    """A server started under `prlimit --nofile=SOFT:HARD`; as root, also without
+    CAP_SYS_RESOURCE, so that the hard limit really binds (as for any other user)."""
+
+    def __init__(self, workdir, nofile: str, **kw) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(workdir, **kw)
+        self.nofile = nofile
+
+    def command(self) -> list[str]:
+        prefix = ["prlimit", f"--nofile={self.nofile}"]
+        if os.geteuid() == 0:
+            prefix += ["setpriv", "--bounding-set", "-sys_resource", "--inh-caps",
+                       "-sys_resource", "--"]
+        return prefix + super().command()
+
+
+def max_open_files(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max open files"):
+            return int(line.split()[3])
+    raise AssertionError("no 'Max open files' line")
+
+
+def test_low_ulimit_reduces_maxclients_and_extra_clients_get_the_max_clients_error(
+        tmp_path: Path) -> None:
+    """As Redis: maxclients 10000 needs 10032 descriptors; with `ulimit -n 128` it is
+    reduced to 96 with a warning, and client 97 gets the max-clients error instead of a
+    connection reset from a failed accept()."""
+    p = LimitedProcess(tmp_path, "128:128").start()
+    socks: list[socket.socket] = []
+    try:
+        assert "maxclients_reduced" in p.output()
+        c = Conn(p.port)
+        assert c.cmd("CONFIG", "GET", "maxclients") == [b"maxclients", b"96"]
+        for _ in range(95):  # + `c` = 96 clients
+            s = socket.create_connection(("127.0.0.1", p.port), timeout=10)
+            s.sendall(b"PING\r\n")
+            assert s.recv(64) == b"+PONG\r\n"
+            socks.append(s)
+        extra = socket.create_connection(("127.0.0.1", p.port), timeout=10)
+        assert extra.recv(64) == b"-ERR max number of clients reached\r\n"
+        extra.close()
+        assert c.cmd("CONFIG", "SET", "maxclients", "1000") == Err(
+            "ERR The operating system is not able to handle the specified number of clients,"
+            " try with 96")
+        assert c.cmd("CONFIG", "GET", "maxclients") == [b"maxclients", b"96"]
+        assert c.cmd("CONFIG", "SET", "maxclients", "50") == Status("OK")
+    finally:
+        for s in socks:
+            s.close()
+        p.kill()
+
+
+def test_startup_raises_a_low_soft_ulimit_up_to_the_hard_one(tmp_path: Path) -> None:
+    p = LimitedProcess(tmp_path, "256:20000").start()
+    try:
+        assert p.proc is not None
+        assert max_open_files(p.proc.pid) == 10032
+        assert Conn(p.port).cmd("CONFIG", "GET", "maxclients") == [b"maxclients", b"10000"]
+        assert "maxclients_reduced" not in p.output()
+    finally:
+        p.kill()
+
+
+def test_a_ulimit_too_low_for_any_client_stops_startup(tmp_path: Path) -> None:
+    p = LimitedProcess(tmp_path, "24:24").start(wait=False)
+    assert p.proc is not None
+    assert p.proc.wait(timeout=30) == 1
+    assert "ulimit -n" in p.output()
