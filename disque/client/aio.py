@@ -27,6 +27,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from disque.client import calls, replies
 from disque.client.base import (
     AddJobsResult,
+    Attempts,
     ClientBase,
     ConsumeStats,
     NodesSpec,
@@ -173,44 +174,35 @@ class AsyncClient(ClientBase):
     # -- sending -------------------------------------------------------------------------------
     async def _execute(self, args: Sequence[Any], safe: bool, blocking_ms: int | None,
                        pinned: Node | None = None) -> tuple[Any, Node]:
-        attempts = 0
-        again: Node | None = None
+        attempts = Attempts(self, safe, pinned)
         while True:
-            node = pinned or again or await self._current()
-            again = None
+            node = attempts.required() or await self._current()
             pool = self._pool(node)
             try:
                 conn = await pool.get_connection()
             except AuthenticationError as exc:
                 raise error_from_redis(exc) from None
             except NETWORK_ERRORS as exc:
-                self._node_failed(node)
-                attempts += 1
-                if pinned is not None or attempts > self.retries + len(self.table):
-                    raise DisqueConnectionError(f"cannot connect to {node.addr}: {exc}",
-                                                unreachable=True) from exc
-                continue
+                failure = attempts.connect_failed(node, exc)
+                if failure is None:
+                    continue
+                raise failure from exc
             try:
                 await conn.send_command(*args, check_health=False)
                 reply = await conn.read_response(timeout=self._read_timeout(blocking_ms))
             except ResponseError as exc:
                 error = error_from_redis(exc)
-                if isinstance(error, LeavingError):
-                    self._node_failed(node)
-                    attempts += 1
-                    if safe and pinned is None and attempts <= self.retries:
-                        continue
+                if isinstance(error, LeavingError) and attempts.leaving(node):
+                    continue
                 raise error from None
             except AuthenticationError as exc:
                 raise error_from_redis(exc) from None
             except NETWORK_ERRORS as exc:
                 await conn.disconnect()
-                attempts += 1
-                if safe and attempts <= self.retries:
-                    again = node
+                failure = attempts.lost(node, exc)
+                if failure is None:
                     continue
-                self._node_failed(node)
-                raise DisqueConnectionError(f"connection to {node.addr} lost: {exc}") from exc
+                raise failure from exc
             finally:
                 await pool.release(conn)
             return reply, node
@@ -268,27 +260,22 @@ class AsyncClient(ClientBase):
                         ids: list[str | None], errors: list[DisqueError | None], safe: bool,
                         blocking_ms: int, pinned: Node | None) -> None:
         todo = list(range(len(commands)))
-        attempts = 0
-        again: Node | None = None
+        attempts = Attempts(self, safe, pinned)
         timeout = self._read_timeout(blocking_ms)
         while todo:
-            node = pinned or again or await self._current()
-            again = None
+            node = attempts.required() or await self._current()
             pool = self._pool(node)
             try:
                 conn = await pool.get_connection()
             except AuthenticationError as exc:
                 raise error_from_redis(exc) from None
             except NETWORK_ERRORS as exc:
-                self._node_failed(node)
-                attempts += 1
-                if pinned is not None or attempts > self.retries + len(self.table):
-                    lost = DisqueConnectionError(f"cannot connect to {node.addr}: {exc}",
-                                                 unreachable=True)
-                    for k in todo:
-                        errors[index[k]] = lost
-                    return
-                continue
+                failure = attempts.connect_failed(node, exc)
+                if failure is None:
+                    continue
+                for k in todo:
+                    errors[index[k]] = failure
+                return
             done = 0
             try:
                 await conn.send_packed_command(
@@ -305,14 +292,11 @@ class AsyncClient(ClientBase):
             except NETWORK_ERRORS as exc:
                 await conn.disconnect()
                 todo = todo[done:]
-                attempts += 1
-                if safe and attempts <= self.retries:
-                    again = node
+                failure = attempts.lost(node, exc)
+                if failure is None:
                     continue
-                self._node_failed(node)
-                lost = DisqueConnectionError(f"connection to {node.addr} lost: {exc}")
                 for k in todo:
-                    errors[index[k]] = lost
+                    errors[index[k]] = failure
                 return
             finally:
                 await pool.release(conn)

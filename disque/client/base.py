@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from disque.client.errors import DisqueError
+from disque.client.errors import DisqueConnectionError, DisqueError
 from disque.client.nodes import LEAVING_PRIORITY, Node, NodeTable, parse_nodes, url_password
 from disque.client.replies import Hello
 
@@ -136,6 +136,59 @@ class ClientBase:
             found = Node(host, port)
             self.table.nodes[found.addr] = found
         return found
+
+
+class Attempts:
+    """The failover policy of one command or one pipelined batch, without I/O: which node
+    the next attempt must use, and whether a failure is tried again or ends the call.
+    `Client` and `AsyncClient` run the same policy around their own sockets.
+
+    - Nothing sent (no connection): any command may go to another node, until every known
+      node and `retries` more were tried; a call pinned to a node ends at once.
+    - `-LEAVING`: a safe, unpinned command goes to another node, up to `retries` times.
+    - Connection lost after sending: only a safe command is resent, to the same node first
+      (it may have run there), up to `retries` times.
+    """
+
+    __slots__ = ("client", "safe", "pinned", "count", "again")
+
+    def __init__(self, client: Any, safe: bool, pinned: Node | None) -> None:
+        self.client = client  # has .retries, .table and ._node_failed(node)
+        self.safe = safe
+        self.pinned = pinned
+        self.count = 0
+        self.again: Node | None = None
+
+    def required(self) -> Node | None:
+        """The node the next attempt must use, or None for the client's current node."""
+        node = self.pinned or self.again
+        self.again = None
+        return node
+
+    def connect_failed(self, node: Node, exc: BaseException) -> DisqueConnectionError | None:
+        """No connection to `node`: None to try again (elsewhere), else the error to raise."""
+        client = self.client
+        client._node_failed(node)
+        self.count += 1
+        if self.pinned is not None or self.count > client.retries + len(client.table):
+            return DisqueConnectionError(f"cannot connect to {node.addr}: {exc}",
+                                         unreachable=True)
+        return None
+
+    def leaving(self, node: Node) -> bool:
+        """`node` answered -LEAVING: True to send the command to another node."""
+        self.client._node_failed(node)
+        self.count += 1
+        return self.safe and self.pinned is None and self.count <= self.client.retries
+
+    def lost(self, node: Node, exc: BaseException) -> DisqueConnectionError | None:
+        """The connection broke after sending: None to resend, else the error to raise."""
+        self.count += 1
+        if self.safe and self.count <= self.client.retries:
+            self.again = node
+            return None
+        self.client._node_failed(node)
+        return DisqueConnectionError(f"connection to {node.addr} lost: {exc}")
 
 
 def chunks(n: int, size: int) -> Sequence[range]:

@@ -11,7 +11,7 @@ import pytest
 from redis._parsers.base import BaseParser
 
 from disque.client import calls, errors, replies
-from disque.client.base import AddJobsResult, ClientBase
+from disque.client.base import AddJobsResult, Attempts, ClientBase
 from disque.client.consumer import Heartbeats
 from disque.client.errors import (
     BadIdError,
@@ -429,3 +429,59 @@ def test_heartbeat_forgets_finished_jobs():
     hb.remove("a")
     hb.remove("a")
     assert hb.next_due() is None
+
+
+# ---------------------------------------------------------------------------- failover policy
+class PolicyClient(ClientBase):
+    """ClientBase plus the one hook Attempts needs, recording the nodes marked failed."""
+
+    def __init__(self, nodes: str, retries: int = 2) -> None:
+        super().__init__(nodes, retries=retries, rng=random.Random(1))
+        self.failed: list[str] = []
+
+    def _node_failed(self, node: Node) -> None:
+        self.failed.append(node.addr)
+
+
+def test_attempts_connect_failures_go_elsewhere_until_every_node_and_the_retries_are_used():
+    c = PolicyClient("127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", retries=2)
+    a = Attempts(c, safe=False, pinned=None)
+    node = c.table.nodes[next(iter(c.table.nodes))]
+    for _ in range(5):  # 3 nodes + 2 retries
+        assert a.connect_failed(node, OSError("refused")) is None
+        assert a.required() is None  # the client picks the next node
+    failure = a.connect_failed(node, OSError("refused"))
+    assert isinstance(failure, DisqueConnectionError) and failure.unreachable
+    assert len(c.failed) == 6
+
+
+def test_attempts_pinned_call_ends_at_the_first_failure():
+    c = PolicyClient("127.0.0.1:1,127.0.0.1:2")
+    node = c.table.nodes[next(iter(c.table.nodes))]
+    a = Attempts(c, safe=True, pinned=node)
+    assert a.required() is node
+    assert a.connect_failed(node, OSError("refused")) is not None
+    assert a.leaving(node) is False
+
+
+def test_attempts_leaving_moves_only_safe_commands():
+    c = PolicyClient("127.0.0.1:1,127.0.0.1:2", retries=2)
+    node = c.table.nodes[next(iter(c.table.nodes))]
+    assert Attempts(c, safe=False, pinned=None).leaving(node) is False
+    a = Attempts(c, safe=True, pinned=None)
+    assert [a.leaving(node) for _ in range(3)] == [True, True, False]
+    assert c.failed == [node.addr] * 4
+
+
+def test_attempts_lost_reply_resends_a_safe_command_to_the_same_node_first():
+    c = PolicyClient("127.0.0.1:1,127.0.0.1:2", retries=1)
+    node = c.table.nodes[next(iter(c.table.nodes))]
+    a = Attempts(c, safe=True, pinned=None)
+    assert a.lost(node, OSError("reset")) is None
+    assert a.required() is node and a.required() is None
+    assert c.failed == []  # the node may be fine: only the connection broke
+    failure = a.lost(node, OSError("reset"))
+    assert isinstance(failure, DisqueConnectionError) and not failure.unreachable
+    assert c.failed == [node.addr]
+    unsafe = Attempts(c, safe=False, pinned=None)
+    assert unsafe.lost(node, OSError("reset")) is not None  # maybe ran: never resent
