@@ -301,7 +301,14 @@ class RequestReader:
                 first += 1
             else:
                 done = 0
-            if len(reqs) > first:
+            new = len(reqs) - first
+            if new == 1:  # one request per read (unpipelined clients): no slice, no chain
+                req = reqs[first]
+                try:
+                    done += _HEAD[len(req)] + sum(map(_enc, map(len, req)))
+                except IndexError:  # 1024+ arguments or a bulk of 64 KiB or more
+                    done += encoded_size([req])
+            elif new:
                 done += encoded_size(reqs[first:])
             if odd:
                 self._reset()

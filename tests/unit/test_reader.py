@@ -97,6 +97,20 @@ def test_reader_keeps_a_partial_request_until_it_completes():
     assert reqs == [[b"foo", b"abcde"]]
 
 
+@pytest.mark.parametrize("big", [
+    [b"x"] * 1500,  # more arguments than the header-size table holds
+    [b"ADDJOB", b"q", b"y" * 70000, b"0"],  # a bulk past the bulk-size table
+    [b"PING"],
+])
+def test_one_whole_request_then_a_partial_one_in_the_same_read(big):
+    """Where whole requests end is computed from their sizes; a single request per read
+    takes its own path (large ones included), and the partial tail must still be kept."""
+    nxt = [b"ECHO", b"tail"]
+    data = mbulk(big) + mbulk(nxt)
+    for cut in (len(mbulk(big)) + 3, len(data) - 2):
+        assert feed([data[:cut], data[cut:]]) == ([big, nxt], None)
+
+
 def test_binary_safe_bulk_with_crlf_inside_payload():
     req = [b"ADDJOB", b"q", b"a\r\nb\r\n*1\r\n$3\r\n", b"0"]
     assert feed([mbulk(req)]) == ([req], None)
