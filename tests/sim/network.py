@@ -20,8 +20,9 @@ ticks, reads nothing), `crash(i)` / `restart(i)` (connections reset; restart bui
 Membership from the saved nodes.conf), and `drop`.
 
 `check` (on by default) asserts invariants after every event; `fail_decisions` records every
-FAIL a node decided by itself with an independent count of the nodes that had flagged the
-target PFAIL/FAIL recently, so tests can check the majority rule against history.
+FAIL a node decided by itself with the nodes whose failure reports reached it within the
+validity window (each report checked, as it arrives, to come from a node that really had
+flagged the target), so tests can check the majority rule against history.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from disque.cluster.membership import (
     new_node_id,
     parse_nodes_conf,
 )
-from disque.cluster.messages import Fail, FrameDecoder, Message
+from disque.cluster.messages import Fail, FrameDecoder, Message, _GossipMessage
 from disque.cluster.nodes import FAIL, FAILING, MYSELF
 
 START_MS = 1_700_000_000_000
@@ -111,6 +112,10 @@ class SimNetwork:
         self.nodes: list[SimNode] = []
         # (observer id, target id) -> last time the observer had the target PFAIL/FAIL
         self.flagged_at: dict[tuple[bytes, bytes], int] = {}
+        # (receiver id, reporter id, target id) -> when the receiver got the reporter's last
+        # gossip flagging the target (cleared by gossip saying it is fine), as Membership
+        # counts failure reports: at arrival, however long the report was in flight
+        self.reported_at: dict[tuple[bytes, bytes, bytes], int] = {}
         self.fail_decisions: list[dict[str, Any]] = []
         self._delivering: Message | None = None
         for i in range(n):
@@ -291,6 +296,8 @@ class SimNetwork:
             return
         _, frame, peer_ip = item
         for msg in dest.decoder.feed(frame):
+            if self.check and isinstance(msg, _GossipMessage):
+                self._note_reports(node.membership.myself, msg)
             self._delivering = msg
             try:
                 self._deliver(node, dest, msg, peer_ip)
@@ -387,6 +394,18 @@ class SimNetwork:
         self._schedule_tick(node, self.now + 1)
 
     # ------------------------------------------------------------------ invariants
+    def _note_reports(self, receiver: bytes, msg: _GossipMessage) -> None:
+        reporter = msg.header.sender
+        for e in msg.gossip:
+            key = (receiver, reporter, e.node_id)
+            if e.flags & FAILING:
+                # a report is only ever the truth about its sender's view at some moment
+                assert (reporter, e.node_id) in self.flagged_at, (
+                    f"{reporter[:8]!r} reported {e.node_id[:8]!r} failing and never flagged it")
+                self.reported_at[key] = self.now
+            else:
+                self.reported_at.pop(key, None)
+
     @staticmethod
     def _fail_set(m: Membership) -> set[bytes]:
         return {n.id for n in m.table.values() if n.bits & FAIL}
@@ -409,9 +428,13 @@ class SimNetwork:
         for target in new_fail:
             if isinstance(msg, Fail) and msg.node_id == target:
                 continue  # told by a FAIL message
-            validity = 2 * m.node_timeout + self.delay[1] + TICK_MS
-            others = sorted(o for (o, t), at in self.flagged_at.items()
-                            if t == target and o != m.myself and self.now - at <= validity)
+            # The majority rule as the protocol can apply it: distinct other nodes whose
+            # report flagging the target reached this node within the validity window, each
+            # of which really had flagged it (checked as reports arrive).
+            validity = 2 * m.node_timeout
+            others = sorted(r for (o, r, t), at in self.reported_at.items()
+                            if o == m.myself and t == target and r != m.myself
+                            and self.now - at <= validity)
             quorum = m.size() // 2 + 1
             self.fail_decisions.append({"at": self.now, "observer": m.myself, "target": target,
                                         "flagged_by": others, "quorum": quorum})

@@ -265,11 +265,7 @@ def test_fault_schedules_lose_no_job_and_leave_nothing_behind(
     every delivered job was acked and the GC ran (and orphaned at-most-once copies expired),
     no node holds any job (dummy ACKs included); and (checked after every event) a job is
     queued iff it is in its queue."""
-    # check=False: the network's FAIL-majority check counts a failure report from when the
-    # reporter flagged the node, but a report stalled in a partitioned stream is counted by
-    # Membership when it arrives (as Redis does), which that check calls a minority FAIL.
-    # The job invariants are checked all the same.
-    net = formed(N, seed=seed, delay=delay, check=False)
+    net = formed(N, seed=seed, delay=delay)
     net.drop = drop  # connections break now and then (after the mesh formed)
     workers = [net.worker(i, process_ms=process, nack_rate=nack_rate) for i in consumers]
     adds = []
