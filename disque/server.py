@@ -804,7 +804,7 @@ def adjust_open_files_limit(maxclients: int) -> tuple[int, int, str]:
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, limits)
             break
-        except (ValueError, OSError) as exc:
+        except (ValueError, OverflowError, OSError) as exc:
             why = str(exc)
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if soft == resource.RLIM_INFINITY or soft >= need:

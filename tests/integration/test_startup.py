@@ -158,6 +158,9 @@ def test_low_ulimit_reduces_maxclients_and_extra_clients_get_the_max_clients_err
             "ERR The operating system is not able to handle the specified number of clients,"
             " try with 96")
         assert c.cmd("CONFIG", "GET", "maxclients") == [b"maxclients", b"96"]
+        assert c.cmd("CONFIG", "SET", "maxclients", "9223372036854775807") == Err(
+            "ERR The operating system is not able to handle the specified number of clients,"
+            " try with 96")
         assert c.cmd("CONFIG", "SET", "maxclients", "50") == Status("OK")
     finally:
         for s in socks:
