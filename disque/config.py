@@ -182,12 +182,19 @@ class _Kind:
 
 
 _INT_RE = re.compile(r"-?[0-9]+")
+# Values are C long longs in the original: anything outside is "Invalid argument" there, and a
+# huge value here would only overflow later (setrlimit, timers, the bus encoder).
+_I64_MIN = -(1 << 63)
+_I64_MAX = (1 << 63) - 1
 
 
 def _parse_int(s: str) -> int:
     if not _INT_RE.fullmatch(s):
         raise ValueError(f"'{s}' is not an integer")
-    return int(s)
+    n = int(s)
+    if not _I64_MIN <= n <= _I64_MAX:
+        raise ValueError(f"'{s}' is out of range")
+    return n
 
 
 class _Bool(_Kind):
@@ -258,7 +265,10 @@ def parse_memory(s: str) -> int:
     if m is None:
         raise ValueError(f"'{s}' is not a memory size (bytes, or a number followed by "
                          "k, kb, m, mb, g or gb)")
-    return int(m.group(1)) * _MEMORY_UNITS[(m.group(2) or "").lower()]
+    n = int(m.group(1)) * _MEMORY_UNITS[(m.group(2) or "").lower()]
+    if n > _I64_MAX:
+        raise ValueError(f"'{s}' is out of range")
+    return n
 
 
 def _format_memory(n: int) -> str:
@@ -744,16 +754,32 @@ def _rewrite_lines(cfg: Config, old_lines: list[str]) -> list[str]:
         value_line = f"{d.name} {render_value(cfg, d.name, for_rewrite=True)}"
         where = seen.get(d.name)
         if where:
+            _check_loads_back(d, value_line)
             lines[where[0]] = value_line
             for i in where[1:]:
                 lines[i] = ""
         elif d.always_rewrite or (d.kind.dump(getattr(cfg, d.attr))
                                   != d.kind.dump(getattr(_DEFAULTS, d.attr))):
+            _check_loads_back(d, value_line)
             if not has_signature:
                 lines.append(REWRITE_SIGNATURE)
                 has_signature = True
             lines.append(value_line)
     return lines
+
+
+def _check_loads_back(d: Directive, value_line: str) -> None:
+    """Refuse to write a line the loader would reject. CONFIG SET accepts a few values the
+    file does not (maxmemory 0, cluster-node-timeout 0, as the original does); writing one
+    would leave a config file the server can no longer start from."""
+    args = split_args(value_line) or [d.name]
+    try:
+        if not d.kind.nargs[0] <= len(args) - 1 <= d.kind.nargs[1]:
+            raise _Reason(BAD_DIRECTIVE)
+        d.kind.parse_file(args[1:], os.getcwd())
+    except ValueError as exc:
+        raise ConfigSetError(f"ERR Rewriting config file: '{value_line}' would not load "
+                             f"back ({exc})") from None
 
 
 def config_rewrite(cfg: Config) -> None:

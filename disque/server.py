@@ -64,7 +64,7 @@ class Client(asyncio.Protocol):
                  "null_array", "authenticated", "name", "addr", "laddr", "ctime",
                  "last_interaction", "waiter", "pending", "closing", "monitor", "last_cmd",
                  "reply_mode", "lib_name", "lib_ver", "soft_limit_since", "held", "held_bytes",
-                 "aof_held")
+                 "aof_held", "write_paused")
 
     def __init__(self, server: Server) -> None:
         self.server = server
@@ -88,7 +88,7 @@ class Client(asyncio.Protocol):
         self.closing = False
         self.monitor = False
         self.last_cmd: Command | None = None
-        self.reply_mode = 0  # 0 on, 1 off, 2 skip next
+        self.reply_mode = REPLY_ON
         self.lib_name = b""
         self.lib_ver = b""
         self.soft_limit_since = 0.0
@@ -98,6 +98,7 @@ class Client(asyncio.Protocol):
         self.held: list[bytes] = []
         self.held_bytes = 0
         self.aof_held = False  # replies wait for the AOF fsync (appendfsync always)
+        self.write_paused = False  # backpressure: the peer does not read its replies
 
     # ------------------------------------------------------------------ asyncio callbacks
     def connection_made(self, transport: Any) -> None:
@@ -139,10 +140,12 @@ class Client(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         # The peer is not reading its replies: stop reading its requests (backpressure).
+        self.write_paused = True
         self.transport.pause_reading()
 
     def resume_writing(self) -> None:
-        if not self.closing:
+        self.write_paused = False
+        if not self.closing and not self.server.clients_paused_until:
             self.transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
@@ -151,12 +154,16 @@ class Client(asyncio.Protocol):
         self.last_interaction = server.now_mono
         if self.closing:
             return
-        if self.waiter is not None:
+        if self.waiter is not None or server.clients_paused_until:
             self.held.append(data)
             self.held_bytes += len(data)
             if self.held_bytes > self.reader.max_query:
                 server.log_client_error("protocol", "query buffer limit while blocked")
                 self.drop("query buffer limit")
+            elif server.clients_paused_until:
+                # a client accepted during CLIENT PAUSE: uvloop starts reading after
+                # connection_made, so it is paused at its first read
+                self.transport.pause_reading()
             return
         self.process(data)
 
@@ -186,12 +193,43 @@ class Client(asyncio.Protocol):
     def run(self, reqs: list[list[bytes]]) -> None:
         execute = self.server.execute
         for i, argv in enumerate(reqs):
-            execute(self, argv)
+            if self.reply_mode:
+                self.run_quietly(argv)
+            else:
+                execute(self, argv)
             if self.waiter is not None:
                 self.pending = reqs[i + 1:]
                 return
             if self.closing:
                 return
+
+    def run_quietly(self, argv: list[bytes]) -> None:
+        """CLIENT REPLY OFF / SKIP: run the command and drop what it answered (Redis 3.2):
+        OFF drops every reply until REPLY ON (whose +OK is sent); SKIP drops the reply of
+        the one command after it. A blocked command keeps its mode until it is answered."""
+        mode = self.reply_mode
+        if mode == REPLY_SKIP_NEXT:
+            self.reply_mode = mode = REPLY_SKIPPING
+        mark = len(self.out)
+        self.server.execute(self, argv)
+        if self.waiter is not None:
+            return
+        if self.reply_mode:  # still OFF, or skipping (REPLY ON answers +OK, and is kept)
+            del self.out[mark:]
+            if self.reply_mode == REPLY_SKIPPING:
+                self.reply_mode = REPLY_ON
+
+    def end_pause(self) -> None:
+        """CLIENT PAUSE is over: read again and run what arrived meanwhile."""
+        if self.closing or self.transport is None:
+            return
+        if not self.write_paused:
+            self.transport.resume_reading()
+        while self.held and self.waiter is None and not self.closing:
+            data = b"".join(self.held)
+            self.held = []
+            self.held_bytes = 0
+            self.process(data)
 
     def block(self, waiter: Any) -> None:
         self.waiter = waiter
@@ -201,13 +239,17 @@ class Client(asyncio.Protocol):
         self.waiter = None
         if self.closing:
             return
-        self.out.append(reply)
+        if self.reply_mode == REPLY_SKIPPING:
+            self.reply_mode = REPLY_ON
+        elif self.reply_mode != REPLY_OFF:
+            self.out.append(reply)
         pending = self.pending
         if pending:
             self.pending = []
             self.run(pending)
         self.flush()
-        while self.held and self.waiter is None and not self.closing:
+        while (self.held and self.waiter is None and not self.closing
+               and not self.server.clients_paused_until):
             data = b"".join(self.held)
             self.held = []
             self.held_bytes = 0
@@ -219,8 +261,6 @@ class Client(asyncio.Protocol):
             return
         data = out[0] if len(out) == 1 else b"".join(out)
         out.clear()
-        if self.reply_mode:
-            return
         server = self.server
         server.stat_net_output += len(data)
         transport = self.transport
@@ -259,6 +299,13 @@ class Client(asyncio.Protocol):
             self.null_bulk = self.null_array = NULL3
         else:
             self.null_bulk, self.null_array = NULL_BULK2, NULL_ARRAY2
+
+
+# CLIENT REPLY modes (Client.reply_mode); anything but ON sends requests through run_quietly.
+REPLY_ON = 0
+REPLY_OFF = 1
+REPLY_SKIP_NEXT = 2   # set by CLIENT REPLY SKIP: the next command's reply is dropped
+REPLY_SKIPPING = 3    # that next command is running (or blocked)
 
 
 def _fmt_addr(addr: Any) -> str:
@@ -306,6 +353,8 @@ class Server:
         self.clients: dict[int, Client] = {}
         self.next_client_id = 0
         self.monitors: set[Client] = set()
+        self.clients_paused_until = 0.0  # CLIENT PAUSE: monotonic end, 0 when not paused
+        self.pause_handle: asyncio.TimerHandle | None = None
         self.listeners: list[Any] = []
         self.start_time = time.time()
         self.now_mono = time.monotonic()
@@ -356,7 +405,14 @@ class Server:
 
         on_set(cfg, "proto-max-bulk-len", set_reader_limits)
         on_set(cfg, "client-query-buffer-limit", set_reader_limits)
-        on_set(cfg, "loglevel", lambda c, name: configure_logging(c))
+        def relog(c: Config, name: str) -> None:
+            try:
+                configure_logging(c)
+            except OSError as exc:
+                raise ConfigSetError(f"ERR Can't reopen the log file: {exc.strerror}") from None
+
+        on_set(cfg, "loglevel", relog)
+        on_set(cfg, "log-format", relog)
         on_set(cfg, "cluster-node-timeout",
                lambda c, name: setattr(self.membership, "node_timeout", c.cluster_node_timeout))
 
@@ -430,9 +486,6 @@ class Server:
         self.stat_commands += 1
         if usec > self.cfg.slowlog_log_slower_than >= 0:
             self.slowlog_add(argv, usec)
-        if c.reply_mode == 2:
-            c.out.clear()
-            c.reply_mode = 0
 
     def feed_monitors(self, c: Client, argv: list[bytes]) -> None:
         now = time.time()

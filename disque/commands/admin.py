@@ -3,8 +3,10 @@ DEBUG, SHUTDOWN, MONITOR, SLOWLOG, LATENCY, CLUSTER, BGREWRITEAOF."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import platform
+import re
 import socket
 import sys
 import time
@@ -42,12 +44,18 @@ def cmd_auth(c: Any, argv: list[bytes]) -> None:
     password = c.server.cfg.requirepass
     if not password:
         raise err("Client sent AUTH, but no password is set")
-    if len(argv[1]) <= 512 and argv[1] == password.encode():
+    if len(argv[1]) <= 512 and argv[1] == password_bytes(password):
         c.authenticated = True
         c.out.append(OK)
     else:
         c.authenticated = False
         raise err("invalid password")
+
+
+def password_bytes(password: str) -> bytes:
+    """requirepass as the bytes a client sends: CONFIG SET keeps bytes that are not UTF-8 as
+    surrogate escapes."""
+    return password.encode("utf-8", "surrogateescape")
 
 
 @command("hello", -1, "readonly fast", noauth=True)
@@ -83,7 +91,7 @@ def cmd_hello(c: Any, argv: list[bytes]) -> None:
         user, pw = auth
         if not password and user == b"default":
             pass
-        elif user != b"default" or pw != password.encode():
+        elif user != b"default" or pw != password_bytes(password):
             raise CommandError("WRONGPASS",
                                "invalid username-password pair or user is disabled.")
         c.authenticated = True
@@ -237,7 +245,7 @@ def cmd_config(c: Any, argv: list[bytes]) -> None:
                 raise err(f"Wrong number of arguments for CONFIG {typed}")
             flat: list[Any] = []
             for name, value in config_get(cfg, argv[2].decode(errors="replace")):
-                flat += [name.encode(), value.encode()]
+                flat += [name.encode(), value.encode("utf-8", "surrogateescape")]
             c.out.append(encode(flat, c.proto))
         elif sub == b"set":
             if n != 4:
@@ -340,7 +348,8 @@ def cmd_client(c: Any, argv: list[bytes]) -> None:
         elif mode == b"off":
             c.reply_mode = 1
         elif mode == b"skip":
-            c.reply_mode = 2
+            if c.reply_mode != 1:  # SKIP means nothing while replies are OFF (Redis)
+                c.reply_mode = 2
         else:
             raise syntax()
     else:
@@ -381,17 +390,26 @@ def client_kill_filters(c: Any, argv: list[bytes]) -> None:
 
 
 def pause_clients(server: Any, ms: int) -> None:
-    """Stop reading from every client for `ms` milliseconds (replies still flow)."""
-    paused = [x for x in server.clients.values() if not x.closing and x.transport]
-    for x in paused:
-        x.transport.pause_reading()
+    """CLIENT PAUSE: stop reading from every client, those that connect meanwhile included,
+    until `ms` milliseconds from now; replies still flow. A pause that would end earlier
+    than the one in force does not shorten it (Redis)."""
+    end = time.monotonic() + ms / 1000
+    if end <= server.clients_paused_until:
+        return
+    server.clients_paused_until = end
+    for x in server.clients.values():
+        if not x.closing and x.transport is not None:
+            x.transport.pause_reading()
+    if server.pause_handle is not None:
+        server.pause_handle.cancel()
+    server.pause_handle = server.loop.call_later(ms / 1000, resume_clients, server)
 
-    def resume() -> None:
-        for x in paused:
-            if not x.closing and x.transport is not None:
-                x.transport.resume_reading()
 
-    server.loop.call_later(ms / 1000, resume)
+def resume_clients(server: Any) -> None:
+    server.clients_paused_until = 0.0
+    server.pause_handle = None
+    for x in list(server.clients.values()):
+        x.end_pause()
 
 
 # ---------------------------------------------------------------------------- COMMAND
@@ -416,6 +434,8 @@ def cmd_command(c: Any, argv: list[bytes]) -> None:
 
 
 # ---------------------------------------------------------------------------- DEBUG
+MAX_DEBUG_SLEEP = 1e9  # seconds (~31 years); time.sleep overflows a few times above this
+
 @command("debug", -2, "admin")
 def cmd_debug(c: Any, argv: list[bytes]) -> None:
     sub = argv[1].lower()
@@ -424,7 +444,9 @@ def cmd_debug(c: Any, argv: list[bytes]) -> None:
         try:
             seconds = float(argv[2])
         except ValueError:
-            seconds = 0.0
+            seconds = 0.0  # strtod: not a number sleeps 0
+        if not abs(seconds) < MAX_DEBUG_SLEEP:  # inf, nan, or beyond what time.sleep takes
+            raise err("value is out of range")
         time.sleep(max(0.0, seconds))  # blocks the whole server, as the original does
         c.out.append(OK)
     elif sub == b"flushall" and n == 2:
@@ -568,6 +590,9 @@ def cmd_cluster(c: Any, argv: list[bytes]) -> None:
         raise err(CLUSTER_USAGE)
 
 
+_NUMERIC_HOST = re.compile(r"[0-9.]+|.*:.*")
+
+
 def cluster_meet(server: Any, host: bytes, port_arg: bytes) -> None:
     """CLUSTER MEET host port: host names are resolved (IPv4 first)."""
     try:
@@ -576,10 +601,12 @@ def cluster_meet(server: Any, host: bytes, port_arg: bytes) -> None:
         raise err(f"Invalid TCP port specified: {port_arg.decode(errors='replace')}") from None
     address = host.decode(errors="replace")
     try:
+        if _NUMERIC_HOST.fullmatch(address):  # an address, never the inet_aton forms: 1.2.3
+            ipaddress.ip_address(address)
         infos = socket.getaddrinfo(address, None, type=socket.SOCK_STREAM)
         infos.sort(key=lambda i: i[0] != socket.AF_INET)
         ip = infos[0][4][0]
-    except (OSError, UnicodeError, IndexError):
+    except (OSError, ValueError, IndexError):  # ValueError: bad address, NUL, bad IDNA
         raise err(f"Invalid node address specified: {address}:{port}") from None
     server.membership.meet(ip.encode(), port)
     server.bus.apply()
