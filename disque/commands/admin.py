@@ -3,6 +3,7 @@ DEBUG, SHUTDOWN, MONITOR, SLOWLOG, LATENCY, CLUSTER, BGREWRITEAOF."""
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import os
 import platform
@@ -561,8 +562,7 @@ def cmd_cluster(c: Any, argv: list[bytes]) -> None:
     elif sub == b"nodes" and n == 2:
         c.out.append(bulk(server.membership.cluster_nodes().encode()))
     elif sub == b"meet" and n == 4:
-        cluster_meet(server, argv[2], argv[3])
-        c.out.append(OK)
+        cluster_meet(c, argv[2], argv[3])
     elif sub == b"forget" and n == 3:
         server.membership.forget(argv[2])
         server.bus.apply()
@@ -593,23 +593,65 @@ def cmd_cluster(c: Any, argv: list[bytes]) -> None:
 _NUMERIC_HOST = re.compile(r"[0-9.]+|.*:.*")
 
 
-def cluster_meet(server: Any, host: bytes, port_arg: bytes) -> None:
-    """CLUSTER MEET host port: host names are resolved (IPv4 first)."""
+def cluster_meet(c: Any, host: bytes, port_arg: bytes) -> None:
+    """CLUSTER MEET host port. An IP address is met at once; a host name is resolved (IPv4
+    first) off the event loop while the client waits: a slow DNS server must not stall the
+    node's heartbeats and every other client."""
     try:
         port = parse_int(port_arg)
     except ValueError:
         raise err(f"Invalid TCP port specified: {port_arg.decode(errors='replace')}") from None
     address = host.decode(errors="replace")
-    try:
-        if _NUMERIC_HOST.fullmatch(address):  # an address, never the inet_aton forms: 1.2.3
+    if port <= 0 or port + c.server.membership.bus_port_offset > 65535:
+        raise err(f"Invalid node address specified: {address}:{port}")
+    if _NUMERIC_HOST.fullmatch(address):  # an address, never the inet_aton forms: 1.2.3
+        try:
             ipaddress.ip_address(address)
-        infos = socket.getaddrinfo(address, None, type=socket.SOCK_STREAM)
-        infos.sort(key=lambda i: i[0] != socket.AF_INET)
-        ip = infos[0][4][0]
-    except (OSError, ValueError, IndexError):  # ValueError: bad address, NUL, bad IDNA
-        raise err(f"Invalid node address specified: {address}:{port}") from None
+        except ValueError:
+            raise err(f"Invalid node address specified: {address}:{port}") from None
+        meet(c.server, address, port)
+        c.out.append(OK)
+        return
+    waiter = MeetWaiter(c, address, port)
+    c.block(waiter)
+    task = c.server.loop.create_task(
+        c.server.loop.getaddrinfo(address, None, type=socket.SOCK_STREAM))
+    task.add_done_callback(waiter.resolved)
+
+
+def meet(server: Any, ip: str, port: int) -> None:
     server.membership.meet(ip.encode(), port)
     server.bus.apply()
+
+
+class MeetWaiter:
+    """A CLUSTER MEET client waiting for its host name to resolve. The MEET happens even if
+    the client leaves meanwhile, as it would had the name resolved at once."""
+
+    __slots__ = ("client", "server", "address", "port")
+
+    def __init__(self, client: Any, address: str, port: int) -> None:
+        self.client = client
+        self.server = client.server
+        self.address = address
+        self.port = port
+
+    def cancel(self) -> None:  # the client went away: nobody to answer
+        self.client = None
+
+    def resolved(self, task: Any) -> None:
+        reply = OK
+        try:
+            infos = sorted(task.result(), key=lambda i: i[0] != socket.AF_INET)
+            meet(self.server, infos[0][4][0], self.port)
+        except asyncio.CancelledError:  # the server is shutting down
+            return
+        except (OSError, ValueError, IndexError):  # ValueError: NUL, bad IDNA
+            reply = err(f"Invalid node address specified: {self.address}:{self.port}").resp()
+        except CommandError as exc:
+            reply = exc.resp()
+        if self.client is not None:
+            self.client.unblocked(reply)
 
 
 @command("bgrewriteaof", 1, "readonly admin")

@@ -27,7 +27,7 @@ from tests.cluster.conftest import (
     reachable,
 )
 from tests.harness import DisqueProcess, free_port, wait_for
-from tests.integration.resp import Err, Status
+from tests.integration.resp import Conn, Err, Status
 
 HEX40 = re.compile(r"[0-9a-f]{40}")
 FLAG_NAMES = {"myself", "fail?", "fail", "handshake", "noaddr", "leaving", "noflags"}
@@ -256,6 +256,30 @@ def test_cluster_forget_errors(server):
     unknown = "f" * 40
     assert cmd(server, "CLUSTER", "FORGET", unknown) == Err(f"ERR Unknown node {unknown}")
     assert cmd(server, "CLUSTER", "FORGET", "abc") == Err("ERR Invalid node identifier")
+
+
+def test_meet_by_host_name_keeps_the_pipeline_in_order_and_the_node_serving(cluster):
+    """A host name is resolved off the event loop while the client waits: the commands it
+    pipelined behind the MEET are answered after it, in order."""
+    c = cluster(2, meet=None)
+    conn = Conn(c[0].port)
+    assert conn.pipeline([("CLUSTER", "MEET", "localhost", c[1].port), ("PING",),
+                          ("CLUSTER", "MEET", "no-such-host.invalid", 7711), ("ECHO", "x"),
+                          ("CLUSTER", "MEET", "localhost", 60000)]) == [
+        Status("OK"), Status("PONG"),
+        Err("ERR Invalid node address specified: no-such-host.invalid:7711"), b"x",
+        Err("ERR Invalid node address specified: localhost:60000")]
+    c.wait_mesh()
+
+
+def test_client_gone_while_its_meet_resolves_leaves_the_node_serving(cluster):
+    c = cluster(2, meet=None)
+    for _ in range(20):
+        conn = Conn(c[0].port)
+        conn.send_cmd("CLUSTER", "MEET", "localhost", c[1].port)
+        conn.close()
+    assert cmd(c[0], "PING") == Status("PONG")
+    c.wait_mesh()
 
 
 def test_cluster_meet_errors(server):
