@@ -441,7 +441,8 @@ class Server:
             cmd = self.lookup.get(name.lower())
             if cmd is None:
                 if name.lower() == b"quit":
-                    c.out.append(OK)
+                    if c.reply_mode == REPLY_ON:  # under CLIENT REPLY OFF/SKIP: no +OK
+                        c.out.append(OK)
                     c.flush()
                     c.close()
                     return

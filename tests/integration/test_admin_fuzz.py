@@ -179,6 +179,13 @@ def test_client_reply_skip_drops_the_reply_of_a_blocked_getjob(conn: Conn, q: st
     assert conn.cmd("GETJOB", "NOHANG", "FROM", q) is None  # and SKIP was used up
 
 
+@pytest.mark.parametrize("mode", ["OFF", "SKIP"])
+def test_quit_under_client_reply_off_or_skip_closes_without_a_reply(conn: Conn,
+                                                                     mode: str) -> None:
+    conn.send(encode("CLIENT", "REPLY", mode) + encode("QUIT"))
+    assert conn.wait_closed() == b""  # as Redis: the +OK of QUIT is a reply like any other
+
+
 # -- CLUSTER MEET ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("host", ["1.2.3", "127.1", "1.2.3.4.5", "::g", "a\x00b"])
