@@ -182,5 +182,8 @@ def test_startup_raises_a_low_soft_ulimit_up_to_the_hard_one(tmp_path: Path) -> 
 def test_a_ulimit_too_low_for_any_client_stops_startup(tmp_path: Path) -> None:
     p = LimitedProcess(tmp_path, "24:24").start(wait=False)
     assert p.proc is not None
-    assert p.proc.wait(timeout=30) == 1
-    assert "ulimit -n" in p.output()
+    try:
+        assert p.proc.wait(timeout=30) == 1
+        assert "ulimit -n" in p.output()
+    finally:
+        p.kill()  # a server that wrongly started must not outlive the test
