@@ -185,7 +185,10 @@ class Client(asyncio.Protocol):
             self.close()
             return
         if self.out and not server.aofm.hold(self):
-            self.flush()
+            if self.closing:  # e.g. CLIENT KILL of itself: the reply goes before the close
+                self.flush()
+            else:
+                server.defer_write(self)
         if server.node.wheel._heap and server.node.wheel._heap[0] < server.wake_key:
             server.arm_timer()
 
@@ -293,6 +296,12 @@ class Client(asyncio.Protocol):
         self.closing = True
         self.transport.close()
 
+    def close_after_reply(self) -> None:
+        """Close once the reply of the command being run is written (CLIENT KILL of the
+        calling connection): closing clients are flushed at once, before this runs."""
+        self.closing = True
+        self.server.loop.call_soon(self.transport.close)
+
     def set_proto(self, proto: int) -> None:
         self.proto = proto
         if proto == 3:
@@ -353,6 +362,7 @@ class Server:
         self.clients: dict[int, Client] = {}
         self.next_client_id = 0
         self.monitors: set[Client] = set()
+        self.pending_writes: list[Client] = []  # replies to write at the end of this tick
         self.clients_paused_until = 0.0  # CLIENT PAUSE: monotonic end, 0 when not paused
         self.pause_handle: asyncio.TimerHandle | None = None
         self.listeners: list[Any] = []
@@ -666,6 +676,23 @@ class Server:
             self.route_scheduled = True
             assert self.loop is not None
             self.loop.call_soon(self.route_out)
+
+    def defer_write(self, c: Client) -> None:
+        """Write `c`'s replies once every client made ready by this loop iteration has been
+        read and served, as Redis writes in beforeSleep: writing to a client inside its read
+        callback woke it (loopback) while the rest of the batch was still being served, and
+        cost ~5% of unpipelined ADDJOB and ~10% of pipelined PING throughput."""
+        pending = self.pending_writes
+        if not pending:
+            self.loop.call_soon(self.write_pending)
+        pending.append(c)
+
+    def write_pending(self) -> None:
+        pending = self.pending_writes
+        self.pending_writes = []
+        for c in pending:
+            if not c.closing:
+                c.flush()
 
     def route_out(self) -> None:
         """Hand the node's bus messages to the links, once per loop iteration. The AOF is

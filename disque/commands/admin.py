@@ -333,7 +333,10 @@ def cmd_client(c: Any, argv: list[bytes]) -> None:
         for x in list(server.clients.values()):
             if x.addr == target:
                 c.out.append(OK)
-                x.close()
+                if x is c:
+                    c.close_after_reply()
+                else:
+                    x.close()
                 return
         raise err("No such client")
     elif sub == b"kill" and n > 3 and n % 2 == 0:
@@ -383,8 +386,7 @@ def client_kill_filters(c: Any, argv: list[bytes]) -> None:
             continue
         killed += 1
         if x is c:
-            c.closing = True
-            c.server.loop.call_soon(c.transport.close)
+            c.close_after_reply()
         else:
             x.close()
     c.out.append(integer(killed))

@@ -351,6 +351,20 @@ def test_client_kill_by_address(node: DisqueProcess, conn: Conn) -> None:
     assert conn.call("CLIENT", "KILL", "1.2.3.4:5") == b"-ERR No such client\r\n"
 
 
+@pytest.mark.parametrize("how", ["addr", "filter"])
+def test_client_kill_of_itself_answers_then_closes(node: DisqueProcess, how: str) -> None:
+    """As Redis: the killing connection gets its reply, then the close (the old-style
+    `CLIENT KILL <own addr>` closed it without the +OK)."""
+    with Conn(node.port) as me:
+        addr = "127.0.0.1:%d" % me.sock.getsockname()[1]
+        if how == "addr":
+            me.send_cmd("CLIENT", "KILL", addr)
+            assert me.wait_closed(timeout=10) == b"+OK\r\n"
+        else:
+            me.send_cmd("CLIENT", "KILL", "ADDR", addr, "SKIPME", "no")
+            assert me.wait_closed(timeout=10) == b":1\r\n"
+
+
 def test_client_kill_by_id(node: DisqueProcess, conn: Conn) -> None:
     with Conn(node.port) as victim:
         victim_id = victim.cmd("CLIENT", "ID")
