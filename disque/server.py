@@ -230,7 +230,12 @@ class Client(asyncio.Protocol):
             return
         if not self.write_paused:
             self.transport.resume_reading()
-        while self.held and self.waiter is None and not self.closing:
+        self.run_held()
+
+    def run_held(self) -> None:
+        """Run the requests that arrived while the client was blocked or paused."""
+        while (self.held and self.waiter is None and not self.closing
+               and not self.server.clients_paused_until):
             data = b"".join(self.held)
             self.held = []
             self.held_bytes = 0
@@ -253,12 +258,7 @@ class Client(asyncio.Protocol):
             self.pending = []
             self.run(pending)
         self.flush()
-        while (self.held and self.waiter is None and not self.closing
-               and not self.server.clients_paused_until):
-            data = b"".join(self.held)
-            self.held = []
-            self.held_bytes = 0
-            self.process(data)
+        self.run_held()
 
     def flush(self) -> None:
         out = self.out
