@@ -526,8 +526,8 @@ def _job_id(v: Any) -> bytes:
     return v
 
 
-def _uint(v: Any, what: str, limit: int = _MAX_U64) -> int:
-    if type(v) is not int or not 0 <= v <= limit:
+def _uint(v: Any, what: str) -> int:
+    if type(v) is not int or not 0 <= v <= _MAX_U64:
         raise BusProtocolError(f"bad {what}")
     return v
 
@@ -538,12 +538,14 @@ def _job_record(v: Any) -> JobRecord:
     jid, queue, body, repl, ttl_ms, ctime, delay, retry, nacks, deliv, delivered = v
     if type(queue) is not bytes or type(body) is not bytes or type(delivered) is not list:
         raise BusProtocolError("bad job record fields")
-    # TTL, DELAY and RETRY within what ADDJOB accepts: times derived from them must fit the
-    # bus and AOF encodings when this node sends or logs the job in turn.
+    # TTL, DELAY and RETRY are capped at what ADDJOB accepts (10 years): times derived from
+    # them must fit the bus and AOF encodings when this node sends or logs the job in turn.
+    # Capped, not refused: a peer of an older version may hold such a job, and refusing the
+    # record would drop the link again at every reconnection.
     return JobRecord(_job_id(jid), queue, body, _uint(repl, "repl"),
-                     _uint(ttl_ms, "ttl", MAX_JOB_SECONDS * 1000), _uint(ctime, "ctime"),
-                     _uint(delay, "delay", MAX_JOB_SECONDS),
-                     _uint(retry, "retry", MAX_JOB_SECONDS),
+                     min(_uint(ttl_ms, "ttl"), MAX_JOB_SECONDS * 1000), _uint(ctime, "ctime"),
+                     min(_uint(delay, "delay"), MAX_JOB_SECONDS),
+                     min(_uint(retry, "retry"), MAX_JOB_SECONDS),
                      _uint(nacks, "nacks"), _uint(deliv, "deliveries"),
                      tuple(_node_id(n) for n in delivered))
 
