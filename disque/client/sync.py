@@ -180,21 +180,26 @@ class Client(ClientBase):
         return target
 
     # -- the one place commands are sent -------------------------------------------------------
-    def _execute(self, args: Sequence[Any], safe: bool, blocking_ms: int | None,
-                 pinned: Node | None = None) -> tuple[Any, Node]:
-        attempts = Attempts(self, safe, pinned)
+    def _checkout(self, attempts: Attempts) -> tuple[Node, Any, Any]:
+        """(node, pool, connection) for the next attempt; raises DisqueConnectionError when
+        the failover policy gives up connecting (nothing was sent)."""
         while True:
             node = attempts.required() or self._current()
             pool = self._pool(node)
             try:
-                conn = pool.get_connection()
+                return node, pool, pool.get_connection()
             except AuthenticationError as exc:
                 raise error_from_redis(exc) from None
             except NETWORK_ERRORS as exc:
                 failure = attempts.connect_failed(node, exc)
-                if failure is None:
-                    continue
-                raise failure from exc
+                if failure is not None:
+                    raise failure from exc
+
+    def _execute(self, args: Sequence[Any], safe: bool, blocking_ms: int | None,
+                 pinned: Node | None = None) -> tuple[Any, Node]:
+        attempts = Attempts(self, safe, pinned)
+        while True:
+            node, pool, conn = self._checkout(attempts)
             try:
                 conn.send_command(*args, check_health=False)
                 reply = conn.read_response(timeout=self.read_timeout(blocking_ms))
@@ -278,16 +283,9 @@ class Client(ClientBase):
         attempts = Attempts(self, safe, pinned)
         timeout = self.read_timeout(blocking_ms)
         while todo:
-            node = attempts.required() or self._current()
-            pool = self._pool(node)
             try:
-                conn = pool.get_connection()
-            except AuthenticationError as exc:
-                raise error_from_redis(exc) from None
-            except NETWORK_ERRORS as exc:
-                failure = attempts.connect_failed(node, exc)
-                if failure is None:
-                    continue
+                node, pool, conn = self._checkout(attempts)
+            except DisqueConnectionError as failure:
                 for k in todo:
                     errors[index[k]] = failure
                 return
