@@ -428,6 +428,9 @@ class _Dir(_Kind):
             raise _Reason(f"Can't chdir to '{args[0]}': Not a directory")
         return path
 
+    def parse_set(self, value: str) -> str:
+        return value  # the server's hook does the chdir, and answers its failure
+
     def show(self, value: str) -> str:
         return os.getcwd()
 
@@ -487,7 +490,7 @@ DIRECTIVES: tuple[Directive, ...] = (
     D("appendfsync", _Enum("everysec", "always", "no"), settable=True),
     D("syslog-facility", _Enum("user", *(f"local{i}" for i in range(8)))),
     D("appendonly", _Bool(), settable=True),
-    D("dir", _Dir(), always_rewrite=True),
+    D("dir", _Dir(), settable=True, always_rewrite=True),
     D("client-output-buffer-limit", _OutputLimit(), settable=True),
     D("unixsocketperm", _Octal(0o777)),
     D("bind", _Bind()),

@@ -372,6 +372,7 @@ class Server:
         self.loading = False
         self.shutting_down = False
         self.exit_code = 0
+        self.pidfile = ""  # absolute path of the pidfile written at start, if any
         # stats
         self.stat_connections = 0
         self.stat_rejected = 0
@@ -441,6 +442,76 @@ class Server:
                                      f"specified number of clients, try with {fits}")
 
         on_set(cfg, "maxclients", check_maxclients)
+        on_set(cfg, "dir", lambda c, name: self.change_dir(c))
+
+    def change_dir(self, cfg: Config) -> None:
+        """CONFIG SET dir: move the node's files, as the `dir` directive places them.
+
+        The original only chdir'ed: its open AOF kept growing in the old directory until a
+        rewrite, so a restart from the rewritten config could come up without the jobs. Here
+        nodes.conf is locked and saved in the new directory at once, a relative logfile is
+        reopened there and the AOF is rewritten there (the live file moves when the rewrite
+        completes). A directory holding another node's files is refused, and any failure
+        leaves the node where it was."""
+        global _config_lock_fd
+        old = os.getcwd()
+        try:
+            os.chdir(cfg.dir)
+        except OSError as exc:
+            raise ConfigSetError(f"ERR Changing directory: {exc.strerror}") from None
+        except ValueError:  # a NUL in the path
+            raise ConfigSetError("ERR Changing directory: Invalid argument") from None
+        new = cfg.dir = os.getcwd()
+        if os.path.samefile(new, old):
+            return
+        undo: list[Any] = [lambda: os.chdir(old)]
+        try:
+            lock_fd = lock_cluster_config(cfg)
+            undo.append(lambda: os.close(lock_fd))
+            nodes_conf = os.path.abspath(cfg.cluster_config_file)
+            foreign = self.foreign_files(nodes_conf)
+            if foreign:
+                raise ClusterConfigError(foreign)
+            if not os.path.exists(nodes_conf):
+                undo.append(lambda: os.unlink(nodes_conf))
+            self.save_nodes_conf(self.membership.nodes_conf())
+            if cfg.logfile and not os.path.isabs(cfg.logfile):
+                configure_logging(cfg)
+                undo.append(lambda: (os.chdir(old), configure_logging(cfg)))
+            aofm = self.aofm
+            if aofm.aof is not None and aofm.rewrite is not None:
+                # it finishes where it started (its paths are absolute); then one more here
+                aofm.rewrite_scheduled = True
+            elif aofm.aof is not None and not aofm.start_rewrite():
+                raise ClusterConfigError("can't write the AOF there, check the server log")
+        except (OSError, ClusterConfigError) as exc:
+            for step in reversed(undo):
+                step()
+            why = exc.strerror if isinstance(exc, OSError) else str(exc)
+            raise ConfigSetError(f"ERR Changing directory: {why}") from None
+        if _config_lock_fd is not None:
+            os.close(_config_lock_fd)
+        _config_lock_fd = lock_fd
+        log.info("server.dir_changed", old=old, dir=new, aof=self.aofm.aof is not None)
+
+    def foreign_files(self, nodes_conf: str) -> str:
+        """Why the working directory holds another node's files ('' if it does not)."""
+        try:
+            with open(nodes_conf) as f:
+                text = f.read()
+        except FileNotFoundError:
+            text = ""
+        if text.strip():
+            try:
+                owner, _ = parse_nodes_conf(text)
+            except NodesConfError:
+                return f"{self.cfg.cluster_config_file} there is not readable"
+            if owner != self.node_id:
+                return (f"{self.cfg.cluster_config_file} there belongs to node "
+                        f"{owner.decode()}")
+        elif os.path.exists(self.cfg.appendfilename):
+            return f"{self.cfg.appendfilename} there belongs to another node"
+        return ""
 
     # ------------------------------------------------------------------ dispatch
     def execute(self, c: Client, argv: list[bytes]) -> None:
@@ -656,9 +727,9 @@ class Server:
             c.closing = True
             if c.transport is not None:
                 c.transport.abort()
-        if self.cfg.pidfile:
+        if self.pidfile:
             try:
-                os.unlink(self.cfg.pidfile)
+                os.unlink(self.pidfile)
             except OSError:
                 pass
         assert self.loop is not None
@@ -746,14 +817,11 @@ class ClusterConfigError(Exception):
     pass
 
 
-def load_cluster_config(cfg: Config, rng: random.Random) -> tuple[bytes, list[Any], bool]:
-    """Read nodes.conf (creating the identity on first start) and lock it for the life of
-    the process, so two servers never share one identity. Returns (my id, other entries,
-    whether the file is new)."""
-    global _config_lock_fd
-    path = os.path.abspath(cfg.cluster_config_file)
-    # The lock lives on a side file: nodes.conf itself is replaced by rename on every save.
-    lock_fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+def lock_cluster_config(cfg: Config) -> int:
+    """Lock nodes.conf of the working directory (a side file: nodes.conf itself is replaced
+    by rename on every save); the lock's fd. OSError if the lock file cannot be created."""
+    lock_fd = os.open(os.path.abspath(cfg.cluster_config_file) + ".lock",
+                      os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -761,7 +829,16 @@ def load_cluster_config(cfg: Config, rng: random.Random) -> tuple[bytes, list[An
         raise ClusterConfigError(
             f"Sorry, the cluster configuration file {cfg.cluster_config_file} is already "
             f"used by a different Disque node.") from None
-    _config_lock_fd = lock_fd
+    return lock_fd
+
+
+def load_cluster_config(cfg: Config, rng: random.Random) -> tuple[bytes, list[Any], bool]:
+    """Read nodes.conf (creating the identity on first start) and lock it for the life of
+    the process, so two servers never share one identity. Returns (my id, other entries,
+    whether the file is new)."""
+    global _config_lock_fd
+    path = os.path.abspath(cfg.cluster_config_file)
+    _config_lock_fd = lock_cluster_config(cfg)
     try:
         with open(path) as f:
             text = f.read()
@@ -953,6 +1030,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             with open(cfg.pidfile, "w") as f:
                 f.write(f"{os.getpid()}\n")
+            server.pidfile = os.path.abspath(cfg.pidfile)  # removed there, whatever the dir
         except OSError as exc:
             log.warning("server.pidfile_failed", path=cfg.pidfile, error=str(exc))
     log.info("server.start", version=__version__, port=cfg.port, bind=" ".join(cfg.bind),

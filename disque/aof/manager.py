@@ -149,9 +149,7 @@ class AofManager:
             self.aof.set_policy(cfg.appendfsync)
 
     def stop(self) -> None:
-        if self.rewrite is not None:
-            self.rewrite.abort()
-            self.rewrite = None
+        self.abort_rewrite()
         if self.aof is not None:
             self.aof.close()
             self.aof = None
@@ -201,13 +199,24 @@ class AofManager:
             log.info("aof.rewrite_done", path=self.path, seconds=self.last_rewrite_time)
         else:
             log.warning("aof.rewrite_failed", error=reason)
+        if self.rewrite_scheduled and self.aof is not None:
+            # CONFIG SET dir during a rewrite: the AOF has yet to be written in the new dir
+            assert self.server.loop is not None
+            self.server.loop.call_soon(self.start_scheduled_rewrite)
+
+    def start_scheduled_rewrite(self) -> None:
+        if self.rewrite_scheduled and self.rewrite is None and self.aof is not None:
+            self.start_rewrite()
+
+    def abort_rewrite(self) -> None:
+        if self.rewrite is not None:
+            self.rewrite.abort()
+            self.rewrite = None
 
     def rewrite_now(self) -> bool:
         """A synchronous full rewrite (SHUTDOWN REWRITE-AOF): no client runs meanwhile, so
         the file holds the exact state, queued jobs included."""
-        if self.rewrite is not None:
-            self.rewrite.abort()
-            self.rewrite = None
+        self.abort_rewrite()
         temp = f"temp-rewriteaof-{os.getpid()}.aof"
         ok = [True]
 

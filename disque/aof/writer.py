@@ -229,8 +229,9 @@ class Rewrite:
     def __init__(self, jobs: Any, path: str, temp_path: str, aof: AppendOnlyFile | None,
                  done: Callable[[bool, str], None], incremental_fsync: bool = True) -> None:
         self.jobs = jobs
-        self.path = path
-        self.temp_path = temp_path
+        # absolute: a CONFIG SET dir meanwhile must not make the final rename miss the file
+        self.path = os.path.abspath(path)
+        self.temp_path = os.path.abspath(temp_path)
         self.aof = aof
         self.done = done
         self.cursor = 0

@@ -530,7 +530,7 @@ def test_config_get_glob_is_case_sensitive(pattern: str, names: list[str]) -> No
 # -- CONFIG SET ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", [
-    "port", "bind", "daemonize", "dir", "databases", "unixsocket", "unixsocketperm", "logfile",
+    "port", "bind", "daemonize", "databases", "unixsocket", "unixsocketperm", "logfile",
     "pidfile", "syslog-facility", "appendfilename", "no-appendfsync-on-rewrite",
     "cluster-config-file", "cluster-password", "cluster-port-offset", "tcp-backlog",
     "include", "rename-command", "nosuchthing", "Port",
