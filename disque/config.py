@@ -117,7 +117,7 @@ class Config:
     watchdog_period: int = 0
     # not directives
     config_file: str | None = None
-    renamed_commands: dict[str, str] = field(default_factory=dict)
+    renamed_commands: dict[str, str] = field(default_factory=dict)  # old -> new ("" removes)
     hooks: dict[str, list[Hook]] = field(default_factory=dict, repr=False, compare=False)
 
 
@@ -572,9 +572,11 @@ def _join_line(args: Iterable[str]) -> str:
 # -- loading --------------------------------------------------------------------------------------
 
 class _Loader:
-    def __init__(self, cfg: Config, cwd: str) -> None:
+    def __init__(self, cfg: Config, cwd: str, commands: set[str] | None = None) -> None:
         self.cfg = cfg
         self.cwd = cwd
+        # the command names rename-command may refer to, as renamed so far (None: unchecked)
+        self.commands = None if commands is None else set(commands)
         self.depth = 0
         # (order, source, lineno, line) of the last setting of each directive, for check()
         self.where: dict[str, tuple[int, str, int, str]] = {}
@@ -619,7 +621,16 @@ class _Loader:
                         from None
                 return
             if name == "rename-command" and nargs == 2:
-                self.cfg.renamed_commands[args[1].lower()] = args[2].lower()
+                old, new = args[1].lower(), args[2].lower()
+                if self.commands is not None:
+                    if old not in self.commands:
+                        raise _Reason("No such command in rename-command")
+                    if new and new != old and new in self.commands:
+                        raise _Reason("Target command name already exists")
+                    self.commands.discard(old)
+                    if new:
+                        self.commands.add(new)
+                self.cfg.renamed_commands[old] = new
                 return
             d = _BY_NAME.get(name)
             if d is None or not d.in_file or not d.kind.nargs[0] <= nargs <= d.kind.nargs[1]:
@@ -657,16 +668,19 @@ def _command_line_options(argv: list[str]) -> list[list[str]]:
     return options
 
 
-def load_config(argv: list[str], cwd: str | None = None) -> Config:
+def load_config(argv: list[str], cwd: str | None = None,
+                commands: Iterable[str] | None = None) -> Config:
     """Build the Config from redis-server style arguments (sys.argv[1:]); raise ConfigError.
 
     Only the first argument can name the config file (`-` for stdin, which leaves
     `config_file` None so CONFIG REWRITE refuses). Relative `dir` and `include` paths are
-    resolved against `cwd` (default: the process's current directory).
+    resolved against `cwd` (default: the process's current directory). With `commands` (the
+    lowercase command names), rename-command lines naming an unknown command, or renaming
+    onto an existing one, are errors, as in redis-server.
     """
     cwd = os.path.abspath(cwd if cwd is not None else os.getcwd())
     cfg = Config(dir=cwd)
-    loader = _Loader(cfg, cwd)
+    loader = _Loader(cfg, cwd, None if commands is None else set(commands))
     rest = list(argv)
     if rest and not rest[0].startswith("--"):
         path = rest.pop(0)

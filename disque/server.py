@@ -357,8 +357,13 @@ class Server:
         self.bus_handle: asyncio.TimerHandle | None = None
         self.run_id = os.urandom(20).hex()
         self.table = load_all()
+        names = dict(self.table)
+        for old, new in cfg.renamed_commands.items():  # rename-command, in file order
+            cmd = names.pop(old.encode(), None)
+            if cmd is not None and new:
+                names[new.encode()] = cmd
         self.lookup: dict[bytes, Command] = {}
-        for name, cmd in self.table.items():
+        for name, cmd in names.items():
             self.lookup[name] = cmd
             self.lookup[name.upper()] = cmd
         self.clients: dict[int, Client] = {}
@@ -964,7 +969,7 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0
     try:
-        cfg = load_config(argv)
+        cfg = load_config(argv, commands=[n.decode() for n in load_all()])
     except ConfigError as exc:
         print(str(exc), file=sys.stderr)
         return 1
