@@ -973,19 +973,26 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(str(exc), file=sys.stderr)
         return 1
+    if not cfg.port and not cfg.unixsocket:
+        # as redis-server: a node nobody can reach would run until killed
+        print("Configured to not listen anywhere, exiting.", file=sys.stderr)
+        return 1
     try:
         os.makedirs(cfg.dir, exist_ok=True)
         os.chdir(cfg.dir)
     except OSError as exc:
         print(f"Can't chdir to '{cfg.dir}': {exc.strerror}", file=sys.stderr)
         return 1
-    if cfg.daemonize:
-        daemonize()
     try:
+        # before daemonize(): once detached, stderr is /dev/null and the exit status is lost
         configure_logging(cfg)
     except OSError as exc:
-        print(f"Can't open the log file: {exc}", file=sys.stderr)
+        print(str(ConfigError(cfg.config_file or "command line",
+                              f"Can't open the log file '{cfg.logfile}': {exc.strerror}")),
+              file=sys.stderr)
         return 1
+    if cfg.daemonize:
+        daemonize()
     fits, limit, why = adjust_open_files_limit(cfg.maxclients)
     if fits < cfg.maxclients:
         if fits < 1:
