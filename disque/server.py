@@ -21,6 +21,7 @@ import resource
 import signal
 import socket
 import sys
+import syslog
 import time
 from collections import deque
 from typing import Any
@@ -377,7 +378,8 @@ class Server:
         self.loading = False
         self.shutting_down = False
         self.exit_code = 0
-        self.pidfile = ""  # absolute path of the pidfile written at start, if any
+        # absolute paths of the pidfile and unix socket made at start (whatever dir is now)
+        self.own_files: list[str] = []
         # stats
         self.stat_connections = 0
         self.stat_rejected = 0
@@ -703,8 +705,9 @@ class Server:
             if cfg.unixsocketperm:
                 os.chmod(cfg.unixsocket, cfg.unixsocketperm)
             self.listeners.append(srv)
+            self.own_files.append(os.path.abspath(cfg.unixsocket))
         if cfg.port:
-            await self.bus.start(cfg.bind, cfg.port + cfg.cluster_port_offset)
+            await self.bus.start(cfg.bind, cfg.port + cfg.cluster_port_offset, cfg.tcp_backlog)
         self.cron()
         self.bus_cron()
         await self.aofm.load_at_start()
@@ -732,9 +735,9 @@ class Server:
             c.closing = True
             if c.transport is not None:
                 c.transport.abort()
-        if self.pidfile:
+        for path in self.own_files:  # pidfile, unix socket: removed as redis-server does
             try:
-                os.unlink(self.pidfile)
+                os.unlink(path)
             except OSError:
                 pass
         assert self.loop is not None
@@ -882,14 +885,35 @@ _LEVELS = {"debug": logging.DEBUG, "verbose": logging.INFO, "notice": logging.IN
            "warning": logging.WARNING}
 
 
+_SYSLOG_PRIORITY = {"debug": syslog.LOG_DEBUG, "info": syslog.LOG_INFO,
+                    "warning": syslog.LOG_WARNING, "error": syslog.LOG_ERR,
+                    "critical": syslog.LOG_CRIT}
+
+
+def _also_to_syslog(render: Any) -> Any:
+    """Wrap the final renderer: every rendered line also goes to syslog (syslog-enabled)."""
+    def processor(logger: Any, method: str, event_dict: Any) -> Any:
+        prio = _SYSLOG_PRIORITY.get(event_dict.get("level", "info"), syslog.LOG_INFO)
+        line = render(logger, method, event_dict)
+        syslog.syslog(prio, line if isinstance(line, str) else str(line))
+        return line
+    return processor
+
+
 def configure_logging(cfg: Config) -> None:
-    """structlog with key-value events: console by default, JSON with log-format json."""
+    """structlog with key-value events: console by default, JSON with log-format json; also to
+    syslog with syslog-enabled yes (syslog-ident, syslog-facility)."""
     level = _LEVELS.get(cfg.loglevel, logging.INFO)
     stream: Any = sys.stdout
     if cfg.logfile:
         stream = open(cfg.logfile, "a", buffering=1)  # noqa: SIM115 - lives with the process
     renderer: Any = (structlog.processors.JSONRenderer() if cfg.log_format == "json"
                      else structlog.dev.ConsoleRenderer(colors=False))
+    if cfg.syslog_enabled:
+        facility = (syslog.LOG_USER if cfg.syslog_facility == "user"
+                    else getattr(syslog, f"LOG_{cfg.syslog_facility.upper()}"))
+        syslog.openlog(cfg.syslog_ident, syslog.LOG_PID | syslog.LOG_NDELAY, facility)
+        renderer = _also_to_syslog(renderer)
     structlog.configure(
         processors=[
             structlog.processors.add_log_level,
@@ -1042,7 +1066,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             with open(cfg.pidfile, "w") as f:
                 f.write(f"{os.getpid()}\n")
-            server.pidfile = os.path.abspath(cfg.pidfile)  # removed there, whatever the dir
+            server.own_files.append(os.path.abspath(cfg.pidfile))
         except OSError as exc:
             log.warning("server.pidfile_failed", path=cfg.pidfile, error=str(exc))
     log.info("server.start", version=__version__, port=cfg.port, bind=" ".join(cfg.bind),

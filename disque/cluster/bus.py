@@ -223,11 +223,11 @@ class Bus:
         self.flush_scheduled = False
         self.error_log: dict[str, float] = {}
 
-    async def start(self, addresses: list[str], port: int) -> None:
+    async def start(self, addresses: list[str], port: int, backlog: int = 511) -> None:
         self.loop = asyncio.get_running_loop()
         for addr in addresses:
             srv = await self.loop.create_server(lambda: BusLink(self, inbound=True), addr, port,
-                                                reuse_address=True)
+                                                backlog=backlog, reuse_address=True)
             self.servers.append(srv)
 
     def close(self) -> None:
