@@ -640,6 +640,9 @@ class _Loader:
             reason = str(exc) if isinstance(exc, _Reason) else f"Invalid value for {name}: {exc}"
             raise ConfigError(source, reason, lineno, line) from None
         setattr(self.cfg, d.attr, value)
+        if d.name == "dir":
+            # the original chdirs at parse time: a later relative dir or include starts here
+            self.cwd = value
         self.seq += 1
         self.where[name] = (self.seq, source, lineno, line)
 
