@@ -1,23 +1,53 @@
 """Free loopback ports for local nodes (tests, benchmarks): a node needs its client port p
-and its cluster bus port p + offset."""
+and its cluster bus port p + offset.
+
+Ports are drawn below the kernel's ephemeral range: a port the kernel handed out through
+bind(0) is also what it hands to the next outgoing connection, so between the check here and
+the server's own bind another process's client socket can take it (EADDRINUSE at start-up).
+"""
 
 from __future__ import annotations
 
+import random
 import socket
+
+_EPHEMERAL_DEFAULT = (32768, 60999)
+_LOWEST = 10000  # stay clear of well-known and commonly configured ports (7711, 6379, ...)
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo, hi = (int(x) for x in f.read().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return _EPHEMERAL_DEFAULT
+
+
+def _bindable(port: int) -> bool:
+    try:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
 
 
 def free_port(bus_offset: int = 10000) -> int:
-    """A loopback port p that is free now, with p + bus_offset free too."""
-    for _ in range(200):
+    """A loopback port p that is free now, with p + bus_offset free too, both outside the
+    ephemeral range when the range leaves room for that."""
+    lo, hi = _ephemeral_range()
+    candidates = [p for p in range(_LOWEST, 65536 - bus_offset)
+                  if not lo <= p <= hi and not lo <= p + bus_offset <= hi]
+    rng = random.SystemRandom()
+    for _ in range(200 if candidates else 0):
+        port = rng.choice(candidates)
+        if _bindable(port) and _bindable(port + bus_offset):
+            return port
+    for _ in range(200):  # no room outside the ephemeral range: the old way
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = int(s.getsockname()[1])
-        if port + bus_offset > 65535:
-            continue
-        try:
-            with socket.socket() as s2:
-                s2.bind(("127.0.0.1", port + bus_offset))
-        except OSError:
-            continue
-        return port
+        if port + bus_offset <= 65535 and _bindable(port + bus_offset):
+            return port
     raise RuntimeError("no free loopback port pair found")

@@ -1,0 +1,31 @@
+"""`make test` / `make test-fast` fail now and then with "server.listen_failed ... address
+already in use" at a node's start (seen here: tests/cluster/test_jobs.py::
+test_jobs_added_on_random_nodes_are_all_obtainable_on_one_node, port 34699, while other
+processes on the machine were opening client connections).
+
+free_port() takes the port the kernel gives to bind(("127.0.0.1", 0)), i.e. one from the
+ephemeral range, and closes it; the kernel hands the same range to every outgoing connection,
+so until the server binds it any client socket on the machine can take it. Ports below the
+ephemeral range are never handed out implicitly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.harness import free_port
+
+RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+@pytest.mark.skipif(not RANGE_FILE.exists(), reason="Linux only")
+def test_free_port_avoids_the_ephemeral_range() -> None:
+    lo, hi = (int(x) for x in RANGE_FILE.read_text().split())
+    if lo - 10000 <= 1024:
+        pytest.skip("no room below the ephemeral range on this machine")
+    for _ in range(20):
+        p = free_port()
+        assert not lo <= p <= hi, f"client port {p} is in the ephemeral range {lo}-{hi}"
+        assert not lo <= p + 10000 <= hi, f"bus port {p + 10000} is in the ephemeral range"
