@@ -33,8 +33,9 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# the node's files (nodes.conf, AOF) go to run/node-PORT, which make clean removes
 run: install
-	$(VENV)/bin/disque-server conf/disque.conf --port $(PORT)
+	$(VENV)/bin/disque-server conf/disque.conf --port $(PORT) --dir run/node-$(PORT)
 
 test: install system-deps
 	$(PY) -m pytest -q $(PYTEST_ARGS)
