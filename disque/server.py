@@ -118,18 +118,18 @@ class Client(asyncio.Protocol):
             return
         sock = transport.get_extra_info("socket")
         if sock is not None and server.cfg.tcp_keepalive and sock.family != socket.AF_UNIX:
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-            except OSError:
-                pass
+            set_keepalive(sock, server.cfg.tcp_keepalive)
         server.next_client_id += 1
         self.id = server.next_client_id
         server.clients[self.id] = self
+        log.debug("client.accepted", id=self.id, addr=self.addr)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
         server = self.server
-        server.clients.pop(self.id, None)
+        if server.clients.pop(self.id, None) is not None:
+            log.debug("client.closed", id=self.id, addr=self.addr,
+                      error=str(exc) if exc else None)
         server.monitors.discard(self)
         if self.waiter is not None:
             self.waiter.cancel()
@@ -881,8 +881,24 @@ def _repr_arg(a: bytes) -> bytes:
     return bytes(out)
 
 
-_LEVELS = {"debug": logging.DEBUG, "verbose": logging.INFO, "notice": logging.INFO,
+# verbose shows what debug shows (client connections, bus links), as Redis's verbose level
+# adds its connection lines to notice
+_LEVELS = {"debug": logging.DEBUG, "verbose": logging.DEBUG, "notice": logging.INFO,
            "warning": logging.WARNING}
+
+
+def set_keepalive(sock: socket.socket, interval: int) -> None:
+    """tcp-keepalive as Redis sets it: the first probe after `interval` seconds of silence,
+    then every interval/3, the peer declared dead after 3 unanswered probes."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        if hasattr(socket, "TCP_KEEPIDLE"):
+            interval = min(interval, 32767)  # Linux's limit for these options
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, interval)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, max(1, interval // 3))
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
+    except (OSError, OverflowError):
+        pass
 
 
 _SYSLOG_PRIORITY = {"debug": syslog.LOG_DEBUG, "info": syslog.LOG_INFO,
