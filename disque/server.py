@@ -943,18 +943,52 @@ def configure_logging(cfg: Config) -> None:
     )
 
 
+_READY = b"\0disque-server-ready\n"
+
+
 def daemonize() -> None:
-    """Detach as a classic daemon: fork, new session, fork again, stdio to /dev/null."""
+    """Detach as a classic daemon: fork, new session, fork again, stdio to /dev/null.
+
+    Until daemon_ready(), the daemon's stderr is a pipe to the starting process, which waits
+    and exits 0 once the node serves, or prints what went wrong and exits 1 (a port in use,
+    a bad AOF...): tooling that starts daemonized nodes sees a failed start."""
+    r, w = os.pipe()
     if os.fork():
-        os._exit(0)
+        os.close(w)
+        os._exit(_await_daemon(r))
+    os.close(r)
     os.setsid()
     if os.fork():
         os._exit(0)
     fd = os.open(os.devnull, os.O_RDWR)
-    for std in (0, 1, 2):
-        os.dup2(fd, std)
-    if fd > 2:
-        os.close(fd)
+    os.dup2(fd, 0)
+    os.dup2(fd, 1)
+    os.dup2(w, 2)
+    for extra in {fd, w} - {0, 1, 2}:
+        os.close(extra)
+
+
+def _await_daemon(r: int) -> int:
+    data = bytearray()
+    while chunk := os.read(r, 65536):
+        data += chunk
+    ready = data.endswith(_READY)
+    if ready:
+        del data[-len(_READY):]
+    elif not data:
+        data += b"disque-server: the daemon exited during start-up (see its log)\n"
+    if data:
+        os.write(2, bytes(data))
+    return 0 if ready else 1
+
+
+def daemon_ready() -> None:
+    """The daemonized node serves: release the starting process, stderr to /dev/null."""
+    sys.stderr.flush()
+    os.write(2, _READY)
+    fd = os.open(os.devnull, os.O_RDWR)
+    os.dup2(fd, 2)
+    os.close(fd)
 
 
 USAGE = """Usage: disque-server [/path/to/disque.conf] [options]
@@ -1073,6 +1107,7 @@ def main(argv: list[str] | None = None) -> int:
         return server.exit_code
     except OSError as exc:
         log.error("server.listen_failed", port=cfg.port, error=str(exc))
+        print(f"Could not listen: {exc}", file=sys.stderr)
         return 1
     except AofLoadError as exc:
         log.error("aof.load_failed", error=str(exc))
@@ -1088,6 +1123,8 @@ def main(argv: list[str] | None = None) -> int:
     log.info("server.start", version=__version__, port=cfg.port, bind=" ".join(cfg.bind),
              pid=os.getpid(), config_file=cfg.config_file or "", node_id=server.node_id.decode(),
              dir=os.getcwd())
+    if cfg.daemonize:
+        daemon_ready()
     try:
         loop.run_forever()
     finally:
