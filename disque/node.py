@@ -433,6 +433,7 @@ class Node(ClusterJobs):
         job.delivered = (() if external else self._self_only) + tuple(targets)
         if async_ and external:
             self.start_replication(job, targets, True, True)  # never registered here
+            job.state = ACTIVE  # not WAIT_REPL: the command layer must not wait for it
             return job
         self.register(job)
         if async_:
