@@ -643,7 +643,14 @@ class ClusterJobs:
 
     def cluster_cron(self, now: int) -> None:
         """Every 100 ms: queues with blocked consumers ask again (within the backoffs);
-        import rates decay."""
+        import rates decay; unanswered NEEDJOBS past their hold time are forgotten."""
+        if self.needers:
+            for name, askers in list(self.needers.items()):
+                for n, (until, _count) in list(askers.items()):
+                    if until < now:
+                        del askers[n]
+                if not askers:
+                    del self.needers[name]
         if self.membership is not None and self.cluster_size() > 1:
             for q in self.queues_with_waiters():
                 if not q.jobs:

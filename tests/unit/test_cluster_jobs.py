@@ -1305,3 +1305,12 @@ def test_the_tie_break_winner_depends_on_the_job() -> None:
     gen = IdGenerator(A, random.Random(5).randbytes)
     x, y = b"1" * 40, b"2" * 40
     assert len({sender_wins(x, y, gen.new_id(60, 1)) for _ in range(64)}) == 2
+
+
+def test_an_unanswered_needjobs_is_forgotten_after_the_hold_time() -> None:
+    r = Rig(peers=(A, B))
+    for i in range(100):
+        r.node.on_needjobs(A, NeedJobs(r.m.header, b"reply-%d" % i, 5))
+    assert len(r.node.needers) == 100
+    r.advance(NEEDER_HOLD_MS + 60_000)  # a minute after every entry's `until`
+    assert len(r.node.needers) == 0, f"{len(r.node.needers)} stale NEEDJOBS entries kept"
