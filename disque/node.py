@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from disque.cluster.jobs import ClusterJobs, Replication
@@ -49,6 +49,7 @@ RETRY_CAP = 300
 REQUEUE_JITTER = 250  # ms: requeue times get uniform [-250, +250) added
 QUEUE_GC_PERIOD = 100  # ms between queue eviction samples
 QUEUE_GC_SHARDS = 16  # queue-table shards sampled per period
+EVICT_SAMPLE = 500  # jobs (then queues) one eviction attempt examines at most
 
 # Memory estimate (INFO used_memory and the maxmemory rules). The constants are the measured
 # Python cost of a queued job besides its body (object, ID, registry and queue slots) and of
@@ -134,6 +135,8 @@ class Node(ClusterJobs):
         self.blocked = 0  # clients blocked in GETJOB
         self._self_only = (myself,)
         self._queue_gc_cursor = 0
+        self._evict_cursor = 0  # registry shard the next eviction attempt starts from
+        self._evict_qcursor = 0
         self._queue_gc_timer = Timer(self._queue_gc)
         self.wheel.schedule(self._queue_gc_timer, clock() + QUEUE_GC_PERIOD)
 
@@ -218,30 +221,45 @@ class Node(ClusterJobs):
 
     def evict(self, target: int) -> int:
         """Free acked jobs and already delivered at-most-once jobs (never anything a consumer
-        could still need), then idle empty queues, until used memory <= target."""
+        could still need), then idle empty queues, until used memory <= target.
+
+        Each call examines a bounded sample (EVICT_SAMPLE jobs, then as many queues), going
+        on from where the previous call stopped, so successive calls cover the whole
+        registry: when nothing is evictable, a refused ADDJOB costs ~0.1 ms, not a walk over
+        millions of jobs (the original gives up after a few random samples)."""
         freed = 0
-        jobs = self.jobs
-        nshards = jobs.shard_count()
-        start = self.rng.randrange(nshards)
-        for k in range(nshards):
+        for job in self._eviction_sample(self.jobs, "_evict_cursor"):
             if self.used_memory() <= target:
                 return freed
-            shard = jobs.shard(start + k)
-            if not shard:
-                continue
-            for job in list(shard.values()):
-                if job.state == ACKED or (job.retry == 0 and job.flags & F_DELIVERED
-                                          and job.state != QUEUED):
-                    self.delete_job(job)
-                    freed += 1
-                    if self.used_memory() <= target:
-                        return freed
-        for q in list(self.queues.values()):
+            if job.state == ACKED or (job.retry == 0 and job.flags & F_DELIVERED
+                                      and job.state != QUEUED):
+                self.delete_job(job)
+                freed += 1
+        # Then empty queues idle for the level-2 idle time (2 s), as the original's
+        # evictIdleQueues: a queue used a moment ago keeps its counters and sources.
+        now = self.clock()
+        idle_ms = min(self.queue_idle_timeout * 1000, 2000)
+        for q in self._eviction_sample(self.queues, "_evict_qcursor"):
             if self.used_memory() <= target:
                 break
-            if q.evictable():
+            if q.evictable() and now - q.atime >= idle_ms:
                 self.drop_queue(q)
         return freed
+
+    def _eviction_sample(self, table: ScanDict, cursor: str) -> Iterator[Any]:
+        """Entries of `table`, whole shards from the shard the attribute `cursor` names
+        (advanced as they are visited), until EVICT_SAMPLE entries were handed out."""
+        n = table.shard_count()
+        examined = 0
+        for _ in range(n):
+            if examined >= EVICT_SAMPLE:
+                return
+            i = getattr(self, cursor)
+            setattr(self, cursor, (i + 1) % n)
+            shard = table.shard(i)
+            if shard:
+                examined += len(shard)
+                yield from list(shard.values())
 
     # ------------------------------------------------------------------ registry
     def lookup_job(self, job_id: bytes) -> Job | None:
@@ -461,9 +479,9 @@ class Node(ClusterJobs):
 
         Expired jobs are dropped. A job saved as queued comes back queued only after a
         controlled restart (`enqueue_queued`, aof-enqueue-jobs-once); otherwise it is active
-        and re-queued by its timer after delay + retry. At-most-once jobs that were queued
-        before are never queued again (they may have been delivered); one that never was
-        (still delayed) cannot have been delivered, so it is queued when its delay ends.
+        and re-queued by its timer after delay + retry. At-most-once jobs are never queued
+        again (they may have been delivered), except one whose delay is still running:
+        that one cannot have been queued yet, so it is queued when its delay ends.
         """
         now = self.clock()
         if job.etime <= now or job.state not in (ACTIVE, QUEUED):
@@ -482,8 +500,12 @@ class Node(ClusterJobs):
         if job.retry:
             job.qtime = now + (job.delay + job.retry) * 1000 + \
                 int(self._random() * 2 * REQUEUE_JITTER) - REQUEUE_JITTER
-        elif not job.flags & F_BCAST_QUEUED:
-            job.qtime = max(now, job.ctime // 1_000_000 + job.delay * 1000)
+        elif (not job.flags & F_BCAST_QUEUED
+              and job.ctime // 1_000_000 + job.delay * 1000 > now):
+            # Queueing is not logged: only a delay still running at the restart proves the
+            # job was never queued (so never delivered). One whose delay already ended may
+            # have been queued and delivered after its LOADJOB was written.
+            job.qtime = job.ctime // 1_000_000 + job.delay * 1000
         else:
             job.qtime = 0
         self.schedule_job(job)
@@ -535,6 +557,7 @@ class Node(ClusterJobs):
         if count == 1 and len(names) == 1:  # the common GETJOB [NOHANG] FROM q
             q = shards[hash(names[0]) & mask].get(names[0])
             if q is None or not q.jobs._len or q.paused & PAUSE_OUT:
+                self.need_jobs_for(names[0], q)
                 return []
             now = self.clock()
             job = self.fetch(q, now)
@@ -546,7 +569,7 @@ class Node(ClusterJobs):
         now = 0
         while True:
             got = False
-            for q in queues:
+            for i, q in enumerate(queues):
                 if q is not None and q.jobs and not q.paused & PAUSE_OUT:
                     if not now:
                         now = self.clock()
@@ -556,8 +579,22 @@ class Node(ClusterJobs):
                     got = True
                     if len(jobs) >= count:
                         return jobs
+                else:
+                    queues[i] = self.need_jobs_for(names[i], q)
             if not got:
                 return jobs
+
+    def need_jobs_for(self, name: bytes, q: Queue | None) -> Queue | None:
+        """GETJOB found nothing in `name`: a NEEDJOBS attempt, creating the queue object
+        that holds its backoff state (checklist section 4, GETJOB side effects; the original
+        does this for NOHANG and non-blocking fetches too, not only for blocked clients)."""
+        if self.membership is None or self.leaving or self.cluster_size() < 2:
+            return q  # alone: nobody to ask, and no queue object is created
+        now = self.clock()
+        if q is None:
+            q = self.create_queue(name, now)
+        self.need_jobs(q, now)
+        return q
 
     def block(self, waiter: Waiter, timeout_ms: int) -> None:
         """Park a GETJOB client on its queues until a job, the timeout, or LEAVING."""
@@ -585,6 +622,10 @@ class Node(ClusterJobs):
                 removed = True
                 if not q.waiters:
                     self.waiting_queues.discard(q)
+                    # the last blocked client left: try to collect the queue now (original
+                    # unblockClientBlockedForJobs -> GCQueue)
+                    if q.evictable() and self.clock() - q.atime >= self.queue_idle_ms():
+                        self.drop_queue(q)
         if removed:
             self.blocked -= 1
         if waiter.timer is not None:
@@ -733,7 +774,8 @@ class Node(ClusterJobs):
                                           "allowed to postpone the next delivery.")
         if job.state == QUEUED:
             self.dequeue(job)
-        if job.retry and job.qtime:
+        # An acked job's qtime is its next GC attempt, not a requeue time: leave it alone.
+        if job.retry and job.qtime and job.state != ACKED:
             job.qtime = self.requeue_time(job, now)
             job.flags &= ~F_BCAST_WILLQUEUE
             self.schedule_job(job)
@@ -819,16 +861,26 @@ class Node(ClusterJobs):
     def queues_with_waiters(self) -> list[Queue]:
         return list(self.waiting_queues)
 
-    def _queue_gc(self, now: int) -> None:
-        """Evict a sample of empty, idle, unpaused queues with no blocked clients (and
-        forget expired DEDUP keys)."""
-        self.dedup_expire(now)
+    def queue_idle_ms(self) -> int:
+        """How long an empty queue must be idle to be collected: queue-idle-timeout, at
+        most 10 s above 75% of maxmemory and 2 s above 95% (checklist section 10)."""
         idle_ms = self.queue_idle_timeout * 1000
         level = self.memory_level()
         if level >= 2:
-            idle_ms = min(idle_ms, 2000)
-        elif level >= 1:
-            idle_ms = min(idle_ms, 10000)
+            return min(idle_ms, 2000)
+        if level >= 1:
+            return min(idle_ms, 10000)
+        return idle_ms
+
+    def _queue_gc(self, now: int) -> None:
+        """Evict a sample of empty, idle, unpaused queues with no blocked clients, forget
+        expired DEDUP keys, and above 95% of maxmemory evict what is safe to drop (the
+        original evicts before every command: this frees memory while a full node only
+        serves GETJOB / ACKJOB, without a per-command cost)."""
+        self.dedup_expire(now)
+        if self.mem_used > self.mem_evict_at and self.maxmemory_policy == "acks":
+            self.evict(self.mem_evict_at)
+        idle_ms = self.queue_idle_ms()
         queues = self.queues
         n = queues.shard_count()
         for _ in range(QUEUE_GC_SHARDS):

@@ -499,6 +499,8 @@ class ClusterJobs:
         """Ask other nodes for jobs of `q` (NEEDJOBS), within the backoffs."""
         if self.leaving or self.membership is None or self.cluster_size() < 2:
             return
+        if reached_zero and not q.import_rate:
+            return  # only an active import flow is worth asking at once (original)
         responders = q.needjobs_responders
         for n, t in list(responders.items()):
             if now - t > RESPONDER_VALID_MS:
@@ -629,15 +631,18 @@ class ClusterJobs:
         self.update_import_rate(q, now)
 
     def update_import_rate(self, q: Queue, now: int) -> None:
-        """Jobs per second imported recently: the jobs of the last ~2 s over the time they
-        span (at least 50 ms, as the original); 0 once imports stopped."""
+        """Jobs per second imported recently: the jobs of the last two 1 s buckets over the
+        time since the older one started (at least 50 ms), as the original; 0 once the
+        newest bucket is older than the 5 s window."""
         samples = q.import_samples
-        while samples and now - samples[0][0] >= IMPORT_WINDOW_S * 1000:
-            samples.pop(0)
-        recent = [(t, c) for t, c in samples if now - t < 2000]
-        if not recent:
+        if len(samples) > 2:
+            del samples[:-2]
+        if samples and now - samples[-1][0] > IMPORT_WINDOW_S * 1000:
+            samples.clear()
+        if not samples:
             q.import_rate = 0
             return
+        recent = samples[-2:]
         span = max(now - recent[0][0], 50)
         q.import_rate = -(-sum(c for _, c in recent) * 1000 // span)
 

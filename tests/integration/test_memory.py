@@ -118,3 +118,22 @@ def test_idle_empty_queues_are_evicted_under_memory_pressure(server) -> None:  #
         # paused queues are never evicted
         st = qstat(c, "kept-paused")
         assert st is not None and st["pause"] == b"in"
+
+
+def test_eviction_frees_memory_above_95_percent_without_any_denyoom_command(server) -> None:  # type: ignore[no-untyped-def]
+    """Checklist section 11: at level >= 2 the original evicts before every command, not
+    only before ADDJOB / ENQUEUE / NACK: evictable jobs must not stay in memory while a node
+    over 95% only serves GETJOB / ACKJOB / PING. disque-py evicts every 100 ms (and before
+    the denyoom commands), so consumers do not pay for it."""
+    with Conn(server.port) as c:
+        c.pipeline([("ADDJOB", "amo", "x" * 2000, "0", "REPLICATE", "1", "RETRY", "0")
+                    for _ in range(300)])
+        assert len(c.cmd("GETJOB", "COUNT", "300", "FROM", "amo")) == 300  # delivered
+        assert int(info(c, "jobs")["registered_jobs"]) == 300
+        used = int(info(c, "memory")["used_memory"])
+        assert c.cmd("CONFIG", "SET", "maxmemory", str(used * 100 // 97)) == "OK"  # level 2
+        # no ADDJOB / ENQUEUE / NACK from now on: the delivered at-most-once jobs are the
+        # evictable ones, freed down to 95% of maxmemory
+        wait_for(lambda: int(info(c, "jobs")["registered_jobs"]) < 300, timeout=30,
+                 what="eviction of delivered RETRY 0 jobs with no denyoom command")
+        assert int(info(c, "memory")["used_memory"]) <= used * 100 // 97 * 95 // 100

@@ -10,6 +10,7 @@ Each test names the spec step (README "Disque state machine", checklist sections
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -48,6 +49,7 @@ from disque.cluster.messages import (
 from disque.cluster.nodes import LEAVING, ClusterNode
 from disque.jobs.ids import IdGenerator, id_is_at_least_once, id_ttl_minutes
 from disque.jobs.job import ACKED, ACTIVE, F_DUMMY, QUEUED, WAIT_REPL, Job
+from disque.jobs.serialize import deserialize_job, serialize_job
 from disque.node import BASE_MEMORY, Node, Waiter
 from disque.protocol.errors import CommandError
 from disque.queues.queue import PAUSE_IN, PAUSE_OUT
@@ -1314,3 +1316,112 @@ def test_an_unanswered_needjobs_is_forgotten_after_the_hold_time() -> None:
     assert len(r.node.needers) == 100
     r.advance(NEEDER_HOLD_MS + 60_000)  # a minute after every entry's `until`
     assert len(r.node.needers) == 0, f"{len(r.node.needers)} stale NEEDJOBS entries kept"
+
+
+# ---------------------------------------------------------------------------- audit findings
+# GETJOB side effects and NEEDJOBS / import rate (checklist sections 4 and 10).
+def test_getjob_nohang_on_an_empty_queue_asks_the_cluster_for_jobs() -> None:
+    """Checklist 4 GETJOB: "for every empty queue a NEEDJOBS attempt (section 10) is made
+    (creating an empty queue object if unknown)" - also for NOHANG and for the queues a
+    non-blocking fetch found empty (original getjobCommand calls needJobsForQueue[Name]
+    with NEEDJOBS_CLIENTS_WAITING for every queue it could not pop from). disque-py only
+    asks when the client blocks (Node.block), so a consumer polling with GETJOB NOHANG
+    never pulls jobs queued on other nodes."""
+    r = Rig()
+    assert r.node.get_jobs([b"q"], 1) == []  # what cmd_getjob runs before answering *-1
+    assert r.node.lookup_queue(b"q") is not None
+    assert needjobs(r.take()) == [(A, 1), (B, 1)]
+
+
+def test_getjob_that_gets_a_job_elsewhere_still_asks_for_its_empty_queues() -> None:
+    r = Rig()
+    r.node.add_job(b"full", b"x", 0, 1, None, None, 0, None, False)
+    r.take()
+    jobs = r.node.get_jobs([b"full", b"empty"], 1)
+    assert len(jobs) == 1
+    # original: the pass over `full` returns before `empty` is tried when COUNT is reached,
+    # so use COUNT 2: `empty` is visited and asked for.
+    r.node.add_job(b"full", b"y", 0, 1, None, None, 0, None, False)
+    r.take()
+    jobs = r.node.get_jobs([b"full", b"empty"], 2)
+    assert len(jobs) == 1
+    assert r.node.lookup_queue(b"empty") is not None
+    asked = sorted(n for n, m in r.take() if type(m) is NeedJobs and m.queue == b"empty")
+    assert asked == [A, B]
+
+
+def test_a_queue_reaching_zero_does_not_ask_when_not_importing() -> None:
+    """Checklist 10: targeted request "at once when a queue just emptied *while importing*"
+    (original needJobsForQueue: `if (type == NEEDJOBS_REACHED_ZERO && import_per_sec == 0)
+    return;`). disque-py sends the ad hoc NEEDJOBS on reached-zero whenever a responder is
+    still remembered (5 s), even after the import rate dropped to 0."""
+    r = Rig()
+    r.node.on_yourjobs(A, YourJobs(hdr(A), [r.record(), r.record()]))
+    q = r.node.lookup_queue(b"q")
+    r.advance(3000)  # responder still valid (<5 s); import rate (as disque-py computes it) 0
+    r.take()
+    q.needjobs_bcast_time = r.now  # no broadcast due either
+    q.import_rate = 0  # precondition of this test: not importing any more
+    assert q.needjobs_responders
+    r.node.get_jobs([b"q"], 1)
+    r.node.get_jobs([b"q"], 1)  # the queue empties
+    assert needjobs(r.take()) == []
+
+
+def test_the_import_rate_stays_above_zero_for_the_5_s_window() -> None:
+    """Checklist 10: "import-rate window 5 s" (original getQueueImportRate returns 0 only
+    when the current 1 s bucket is older than IMPORT_RATE_WINDOW = 5000 ms; before that it
+    is ceil(jobs * 1000 / elapsed) >= 1). disque-py's update_import_rate only counts
+    samples younger than 2 s, so the rate is 0 from 2 s after the last import: QSTAT
+    import-rate, QSCAN IMPORTRATE and the "we import it ourselves" NEEDJOBS rule see 0."""
+    r = Rig()
+    r.node.on_yourjobs(A, YourJobs(hdr(A), [r.record() for _ in range(10)]))
+    q = r.node.lookup_queue(b"q")
+    r.advance(3000)  # cluster_cron refreshed the rate every 100 ms
+    assert q.import_rate > 0
+    r.take()
+    r.node.on_needjobs(B, NeedJobs(hdr(B), b"q", 1))  # still importing: ignored
+    assert r.take() == [] and len(q.jobs) == 10
+    r.advance(2500)  # 5.5 s after the import: now it is 0
+    assert q.import_rate == 0
+
+
+# WORKING on an acked job (checklist 4) / GC retry (checklist 10).
+def test_working_on_an_acked_job_does_not_postpone_its_gc() -> None:
+    """Checklist 4 WORKING: no special case for acked jobs; the requeue time it pushes is
+    not the GC schedule (original: updateJobRequeueTime sets qtime, but an acked job's
+    awake time comes from getNextGCRetryTime, section 10 "GC retry"). In disque-py an
+    acked job keeps its next GC attempt in `qtime`, so WORKING moves the next SETACK round
+    from ~1 s to `retry` seconds later (5 minutes with the default RETRY)."""
+    r = Rig()
+    node = r.node
+    jid = r.queued_replica(retry=300).id  # REPLJOB then ENQUEUE from A
+    assert node.lookup_job(jid).state == QUEUED
+    node.ackjob([jid])
+    assert node.lookup_job(jid).state == ACKED
+    node.out.clear()
+    assert node.working(jid) == 300
+    node.out.clear()
+    r.advance(2500)  # GC retry: 1000 ms (x2^attempt) +- 250 ms
+    assert [n for n, m in node.out if type(m) is SetAck] == [A]
+
+
+# AOF reload of an at-most-once job (checklist 12).
+def test_external_copy_of_an_at_most_once_job_is_not_queued_again_after_a_restart() -> None:
+    """The copy a node stores for a creator that keeps none (above 75% of maxmemory or
+    LEAVING: ADDJOB ... REPLICATE 1 RETRY 0) is logged at REPLJOB and queued by the
+    creator's ENQUEUE, which is not logged."""
+    r = Rig(peers=(A,))
+    loadjobs: list[bytes] = []  # each LOADJOB payload exactly as the AOF would store it
+    r.node.persist = SimpleNamespace(loadjob=lambda job: loadjobs.append(serialize_job(job)),
+                                     deljob=lambda job_id: None)
+    jid = r.replica(retry=0, ttl=600, repl=1, delivered=()).id
+    r.node.on_enqueue(A, EnqueueJob(hdr(A), jid, 0))
+    got = r.node.get_jobs([b"q"], 1)
+    assert [j.id for j in got] == [jid]  # delivered once
+    r.now += 5000
+    again = r.node = Node(ME, r.clock, rng=random.Random(9))  # restart: a lone, empty node
+    assert again.load_job(deserialize_job(loadjobs[0])[0], False)
+    r.advance(60_000)
+    back = again.lookup_job(jid)
+    assert back is not None and back.state == ACTIVE

@@ -7,6 +7,7 @@ asks for (as the server's single loop timer does), then at the target instant.
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import settings
@@ -20,6 +21,7 @@ from hypothesis.stateful import (
 )
 
 from disque.jobs.job import ACKED, ACTIVE, F_BCAST_QUEUED, F_DELIVERED, QUEUED, Job
+from disque.jobs.serialize import deserialize_job, serialize_job
 from disque.node import (
     BASE_MEMORY,
     DEFAULT_TTL,
@@ -411,6 +413,27 @@ def test_delayed_at_most_once_job_is_queued_even_if_paused_in(sim):
     assert job.state == QUEUED
 
 
+def test_delayed_at_most_once_job_delivered_before_a_restart_is_not_queued_again():
+    # Audit finding (checklist 12; docs/commands.md "Differences": only a delayed RETRY 0
+    # job that was never queued may be queued again after an AOF reload). The AOF does not
+    # log queueing, so Node.load_job takes this record for a never-queued job.
+    sim = Sim()
+    loadjobs: list[bytes] = []  # each LOADJOB payload exactly as the AOF would store it
+    sim.node.persist = SimpleNamespace(loadjob=lambda job: loadjobs.append(serialize_job(job)),
+                                       deljob=lambda job_id: None)
+    job = sim.add(body=b"once", replicate=1, ttl=600, retry=0, delay=2)  # RETRY 0 DELAY 2
+    sim.advance(2100)
+    assert job.state == QUEUED
+    assert sim.node.get_jobs([b"q"], 1) == [job]  # delivered once
+    assert len(loadjobs) == 1  # queueing is not logged: the record says "never queued"
+    sim.now += 5000  # crash, restart 5 s later
+    again = sim.node = Node(MYID, lambda: sim.now, rng=random.Random(9))
+    assert again.load_job(deserialize_job(loadjobs[0])[0], False)
+    sim.advance(60_000)
+    back = again.lookup_job(job.id)
+    assert back is not None and back.state == ACTIVE  # must not be delivered a second time
+
+
 # ---------------------------------------------------------------------------------- WORKING
 
 
@@ -693,6 +716,21 @@ def test_queue_idle_timeout_is_10s_at_memory_level_1():
     assert sim.node.lookup_queue(b"q") is None
 
 
+def test_an_idle_queue_is_collected_when_its_last_blocked_client_leaves():
+    """Checklist 10 queue idle GC: "also tried when its last blocked client leaves"
+    (original unblockClientBlockedForJobs -> GCQueue(q, QUEUE_MAX_IDLE_TIME)). disque-py's
+    Node.unblock only drops the queue from `waiting_queues`; the queue waits for the
+    sampled sweep."""
+    sim = Sim()
+    node = sim.node
+    client = Rec([b"q"])
+    node.block(client, 0)
+    sim.advance(301_000)  # blocked (so not collectable) for more than 300 s
+    assert node.lookup_queue(b"q") is not None
+    client.cancel()  # the client disconnects: the queue is empty, idle 301 s, unblocked
+    assert node.lookup_queue(b"q") is None
+
+
 # ---------------------------------------------------------------------------------- memory
 
 
@@ -761,7 +799,11 @@ def test_evict_drops_idle_empty_queues_when_jobs_are_not_enough(sim):
     idle_queue(sim, b"e1")
     sim.node.pause(b"p", PAUSE_IN)
     sim.add(queue=b"full")
+    sim.advance(1000)
+    idle_queue(sim, b"recent")  # used 1 s before the eviction: kept
+    sim.advance(1000)
     sim.node.evict(0)
+    assert sim.node.lookup_queue(b"recent") is not None
     assert sim.node.lookup_queue(b"e1") is None
     assert sim.node.lookup_queue(b"p") is not None
     assert sim.node.lookup_queue(b"full") is not None
@@ -798,6 +840,57 @@ def test_noeviction_policy_refuses_above_maxmemory():
     sim.node.maxmemory = sim.node.used_memory() - 1
     assert sim.node.ensure_memory() is False
     assert all(sim.node.lookup_job(j.id) is j for j in evictable)
+
+
+def test_eviction_leaves_recently_used_empty_queues_alone():
+    """Checklist 11: "With no jobs at all, idle queues are evicted instead" (original
+    freeMemoryIfNeeded: evictIdleQueues() only when dictGetRandomKey(server.jobs) is NULL,
+    and evictIdleQueues honours the idle time, 2 s at level 2). disque-py's Node.evict drops
+    every empty unpaused queue without waiters, idle or not, whenever jobs could not free
+    enough - here a queue used a moment ago (QSTAT counters, NEEDJOBS sources and import
+    rate are lost). docs/commands.md "Memory limits" describes the queue step without an
+    idle condition, but does not list it as a difference. Evicting queues while jobs exist
+    (rather than only with no jobs) is kept: tests/unit/test_node.py asserts it."""
+    node = Sim(maxmemory=1 << 30).node
+    for _ in range(50):
+        node.add_job(b"busy", b"x" * 1000, 0, 1, None, None, 0, None, False)  # queued
+    node.add_job(b"fresh", b"y", 0, 1, None, None, 0, None, False)
+    fetched = node.get_jobs([b"fresh"], 1)  # `fresh` is now empty, used just now
+    assert len(fetched) == 1
+    node.ackjob([fetched[0].id])  # alone: the acked job is deleted at once
+    node.maxmemory = node.used_memory() + 10  # level 2: above 95%
+    assert node.memory_level() >= 2
+    assert not node.ensure_memory()  # nothing evictable among the jobs: -OOM
+    assert node.lookup_queue(b"fresh") is not None
+
+
+def test_eviction_gives_up_after_a_few_unevictable_samples():
+    """Checklist 11: eviction "gives up after 10 consecutive unevictable samples or ~1 ms"
+    (original freeMemoryIfNeeded: random samples, DISQUE_NOT_FREED_MAX_LEN). disque-py's
+    Node.evict walks every shard of the registry before giving up, so above 95% of
+    maxmemory with nothing evictable (all jobs queued / awaiting ACK) every ADDJOB, ENQUEUE
+    and NACK costs a scan of all jobs before its -OOM."""
+    node = Sim(maxmemory=1 << 30).node
+    for _ in range(20_000):
+        node.add_job(b"busy", b"x", 0, 1, None, None, 0, None, False)  # queued: unevictable
+    node.maxmemory = node.used_memory() * 100 // 97  # level 2
+    examined = 0
+    cls = type(node.jobs)
+    real_shard = cls.shard
+
+    def counting_shard(self, i):
+        nonlocal examined
+        shard = real_shard(self, i)
+        if self is node.jobs:
+            examined += len(shard)
+        return shard
+
+    cls.shard = counting_shard  # type: ignore[method-assign]
+    try:
+        assert not node.ensure_memory()
+    finally:
+        cls.shard = real_shard  # type: ignore[method-assign]
+    assert examined <= 1000, examined  # a bounded sample, not the 20,000 jobs
 
 
 # ---------------------------------------------------------------------------------- flushall
