@@ -138,6 +138,13 @@ def _rss() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+DISQUE_COMPAT_VERSION = "1.0-rc1"  # the original release whose replies this server gives
+
+# Resolved once, when the commands are loaded: that is before the server changes to its
+# `dir`, after which a relative argv[0] (`.venv/bin/disque-server`) would resolve wrongly.
+EXECUTABLE = os.path.abspath(sys.argv[0])
+
+
 def info_sections(server: Any) -> dict[str, list[tuple[str, Any]]]:
     cfg = server.cfg
     node = server.node
@@ -152,7 +159,9 @@ def info_sections(server: Any) -> dict[str, list[tuple[str, Any]]]:
     clients = list(server.clients.values())
     sections: dict[str, list[tuple[str, Any]]] = {
         "Server": [
-            ("disque_version", __version__), ("disque_git_sha1", "00000000"),
+            # the original's release, for clients and tools that check it; ours follows
+            ("disque_version", DISQUE_COMPAT_VERSION), ("disque_py_version", __version__),
+            ("disque_git_sha1", "00000000"),
             ("disque_git_dirty", 0), ("disque_build_id", "0"),
             ("os", f"{uname.system} {uname.release} {uname.machine}"),
             ("arch_bits", 64 if sys.maxsize > 2**32 else 32),
@@ -161,7 +170,7 @@ def info_sections(server: Any) -> dict[str, list[tuple[str, Any]]]:
             ("process_id", os.getpid()), ("run_id", server.run_id),
             ("tcp_port", cfg.port), ("uptime_in_seconds", uptime),
             ("uptime_in_days", uptime // 86400), ("hz", cfg.hz),
-            ("executable", os.path.abspath(sys.argv[0])),
+            ("executable", EXECUTABLE),
             ("config_file", cfg.config_file or ""),
         ],
         "Clients": [

@@ -3,6 +3,7 @@ SHOW, JSCAN, LOADJOB. Validation order and texts follow the checklist (section 4
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from disque.cluster.jobs import ReplWaiter
@@ -308,22 +309,28 @@ def cmd_show(c: Any, argv: list[bytes]) -> None:
     c.out.append(encode(show_fields(c.node, job), c.proto))
 
 
+_CURSOR_LIMIT = 1 << 64
+
+
 def parse_cursor(token: bytes, cursor: int | None) -> int:
-    """A token that is no option is the cursor (unsigned decimal), once."""
+    """A token that is no option is the cursor (unsigned 64-bit decimal), once."""
     if cursor is not None:
         raise syntax()
-    if not token.isdigit():
+    # (a length check first: int() refuses more than 4300 digits with a ValueError)
+    if not token.isdigit() or len(token) > 20 or int(token) >= _CURSOR_LIMIT:
         raise err("invalid cursor or option name")
     return int(token)
 
 
-def scan_args(argv: list[bytes], valued: tuple[bytes, ...]
-              ) -> tuple[int, list[tuple[bytes, bytes]], bool]:
+def scan_args(argv: list[bytes], valued: dict[bytes, Callable[[bytes], Any]]
+              ) -> tuple[int, list[tuple[bytes, Any]], bool]:
     """QSCAN/JSCAN arguments: BUSYLOOP, `name value` options (in order, repeatable) and one
-    cursor: any other token, or an option keyword with no value after it, is the cursor."""
+    cursor: any other token, or an option keyword with no value after it, is the cursor.
+    Each value is parsed as soon as it is met, so with several bad tokens the leftmost one
+    gives the error (as the original, which parses in one pass)."""
     cursor = None
     busyloop = False
-    opts: list[tuple[bytes, bytes]] = []
+    opts: list[tuple[bytes, Any]] = []
     n = len(argv)
     i = 1
     while i < n:
@@ -331,7 +338,7 @@ def scan_args(argv: list[bytes], valued: tuple[bytes, ...]
         if opt == b"busyloop":
             busyloop = True
         elif opt in valued and i + 1 < n:
-            opts.append((opt, argv[i + 1]))
+            opts.append((opt, valued[opt](argv[i + 1])))
             i += 1
         else:
             cursor = parse_cursor(argv[i], cursor)
@@ -339,28 +346,41 @@ def scan_args(argv: list[bytes], valued: tuple[bytes, ...]
     return cursor or 0, opts, busyloop
 
 
+def _job_state(value: bytes) -> int:
+    state = STATE_BY_NAME.get(value.lower())
+    if state is None:
+        raise err("Invalid job state name")
+    return state
+
+
+def _reply_all(value: bytes) -> bool:
+    kind = value.lower()
+    if kind not in (b"all", b"id"):
+        raise err("Invalid REPLY type, try ID or ALL")
+    return kind == b"all"
+
+
+_JSCAN_OPTS: dict[bytes, Callable[[bytes], Any]] = {
+    b"count": int_arg, b"queue": bytes, b"state": _job_state, b"reply": _reply_all,
+}
+
+
 @command("jscan", -1, "readonly")
 def cmd_jscan(c: Any, argv: list[bytes]) -> None:
-    cursor, opts, busyloop = scan_args(argv, (b"count", b"queue", b"state", b"reply"))
+    cursor, opts, busyloop = scan_args(argv, _JSCAN_OPTS)
     count = 100
     queue = None
     states: set[int] = set()
     reply_all = False
     for opt, value in opts:
         if opt == b"count":
-            count = int_arg(value)
+            count = value
         elif opt == b"queue":
             queue = value
         elif opt == b"state":
-            state = STATE_BY_NAME.get(value.lower())
-            if state is None:
-                raise err("Invalid job state name")
-            states.add(state)
+            states.add(value)
         else:
-            kind = value.lower()
-            if kind not in (b"all", b"id"):
-                raise err("Invalid REPLY type, try ID or ALL")
-            reply_all = kind == b"all"
+            reply_all = value
     if count < 1:
         count = 1
 

@@ -53,16 +53,20 @@ def cmd_qstat(c: Any, argv: list[bytes]) -> None:
     c.out.append(encode(queue_stats(c.node, q), c.proto))
 
 
+_QSCAN_OPTS = {b"count": int_arg, b"minlen": int_arg, b"maxlen": int_arg,
+               b"importrate": int_arg}
+
+
 @command("qscan", -1, "readonly")
 def cmd_qscan(c: Any, argv: list[bytes]) -> None:
-    cursor, opts, busyloop = scan_args(argv, (b"count", b"minlen", b"maxlen", b"importrate"))
+    cursor, opts, busyloop = scan_args(argv, _QSCAN_OPTS)
     count = 100
     limits: dict[bytes, int] = {}
     for opt, value in opts:
         if opt == b"count":
-            count = int_arg(value)
+            count = value
         else:
-            limits[opt] = int_arg(value)
+            limits[opt] = value
     minlen = limits.get(b"minlen")
     maxlen = limits.get(b"maxlen")
     importrate = limits.get(b"importrate")

@@ -17,7 +17,7 @@ from tests.integration.resp import Conn, Status, add, blocked_on, info, node_id
 SECTIONS = ["Server", "Clients", "Memory", "Jobs", "Queues", "Cluster", "Persistence", "Stats",
             "CPU"]
 FIELDS = {
-    "Server": ["disque_version", "disque_git_sha1", "disque_git_dirty", "disque_build_id", "os",
+    "Server": ["disque_version", "disque_py_version", "disque_git_sha1", "disque_git_dirty", "disque_build_id", "os",
                "arch_bits", "multiplexing_api", "gcc_version", "process_id", "run_id",
                "tcp_port", "uptime_in_seconds", "uptime_in_days", "hz", "executable",
                "config_file"],
