@@ -344,6 +344,12 @@ class Server:
             announce_ip=cfg.cluster_announce_ip.encode() or None,
             announce_port=cfg.cluster_announce_port or None, my_ip=bind_ip.encode())
         self.membership.load(entries)
+        me = self.membership.me
+        if (bind_ip and not cfg.cluster_announce_ip and "*" not in cfg.bind
+                and not {"0.0.0.0", "::"} & set(cfg.bind) and me.ip.decode() not in cfg.bind):
+            # nodes.conf names an address we no longer listen on (restarted elsewhere):
+            # announce the one we bind, not the stale one.
+            me.ip = bind_ip.encode()
         self.node = Node(myself, wall_ms, rng=rng, maxmemory=cfg.maxmemory,
                          maxmemory_policy=cfg.maxmemory_policy,
                          queue_idle_timeout=cfg.queue_idle_timeout)
@@ -801,6 +807,10 @@ class Server:
                 os.close(fd)
         except OSError as exc:
             log.error("cluster.config_save_failed", path=path, error=exc.strerror)
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
             raise
 
     def cluster_reset(self, hard: bool) -> None:

@@ -15,7 +15,9 @@ Without it, anyone who can reach the bus port can join: keep it on trusted netwo
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -205,6 +207,24 @@ class BusLink(asyncio.Protocol):
             bus.membership.link_closed(self)
 
 
+def source_for(target: str, binds: list[str]) -> str:
+    """The first bind address a link to `target` can leave from: same family, and loopback
+    for a loopback target, not for another (a socket bound to 127.0.0.1 cannot reach a
+    remote host). '' (the kernel chooses) when none fits or `target` is a host name."""
+    try:
+        to = ipaddress.ip_address(target)
+    except ValueError:
+        return ""
+    for b in binds:
+        try:
+            a = ipaddress.ip_address(b)
+        except ValueError:
+            continue
+        if a.version == to.version and a.is_loopback == to.is_loopback:
+            return b
+    return ""
+
+
 class Bus:
     """The bus of one node: listener, links, and the effect loop of Membership."""
 
@@ -222,9 +242,15 @@ class Bus:
         self.pending: set[BusLink] = set()  # links with queued output
         self.flush_scheduled = False
         self.error_log: dict[str, float] = {}
+        # Outbound links leave from a bind address, as the original's DISQUE_BIND_ADDR:
+        # peers take our address from the connection's source, and the kernel's default
+        # source (127.0.0.1, or the interface toward the peer) may not be one we listen on.
+        self.source_ips: list[str] = []
+        self.save_retry_at: float | None = None  # a failed nodes.conf write is retried then
 
     async def start(self, addresses: list[str], port: int, backlog: int = 511) -> None:
         self.loop = asyncio.get_running_loop()
+        self.source_ips = [a for a in addresses if a not in ("", "0.0.0.0", "::", "*")]
         for addr in addresses:
             srv = await self.loop.create_server(lambda: BusLink(self, inbound=True), addr, port,
                                                 backlog=backlog, reuse_address=True)
@@ -245,7 +271,19 @@ class Bus:
 
     def tick(self) -> None:
         self.membership.tick()
+        if self.save_retry_at is not None and time.monotonic() >= self.save_retry_at:
+            self.save()
         self.apply()
+
+    def save(self) -> None:
+        """Write nodes.conf. A failure (logged by `save_config`) must neither fail the
+        command that changed the table, after the change, nor drop the effects queued after
+        it: the write is retried every second until it succeeds."""
+        try:
+            self.save_config(self.membership.nodes_conf())
+            self.save_retry_at = None
+        except OSError:
+            self.save_retry_at = time.monotonic() + 1.0
 
     # ------------------------------------------------------------------ effects out
     def apply(self) -> None:
@@ -262,7 +300,7 @@ class Bus:
                 elif kind is CloseLink:
                     effect.link.close()
                 elif kind is SaveConfig:
-                    self.save_config(m.nodes_conf())
+                    self.save()
                 elif kind is Log:
                     log.info(effect.event, **effect.fields)
         if self.pending and not self.flush_scheduled:
@@ -286,9 +324,13 @@ class Bus:
         if self.password:
             # Before connecting: the peer's challenge can arrive as soon as we are connected.
             link.ready = self.loop.create_future()
+        ip = effect.ip.decode(errors="replace")
+        source = source_for(ip, self.source_ips)
+        local_addr = (source, 0) if source else None
         try:
             await asyncio.wait_for(
-                self.loop.create_connection(lambda: link, effect.ip.decode(), effect.bus_port),
+                self.loop.create_connection(lambda: link, ip, effect.bus_port,
+                                            local_addr=local_addr),
                 timeout)
             if link.ready is not None:
                 ok = await asyncio.wait_for(link.ready, timeout)

@@ -233,14 +233,16 @@ class Membership:
         return self.table.get(node_id)
 
     def _refresh_views(self) -> None:
-        excluded = MYSELF | HANDSHAKE | LEAVING | PFAIL | FAIL
+        # NOADDR too (unlike the original): a node whose address answered with another ID
+        # cannot be reached, and jobs replicated to it would never be acknowledged.
+        excluded = MYSELF | HANDSHAKE | LEAVING | PFAIL | FAIL | NOADDR
         self._reachable = tuple([n.id for n in self.table.values() if not n.bits & excluded])
         self._size = sum(1 for n in self.table.values() if not n.bits & HANDSHAKE)
         self._views_dirty = False
 
     def reachable(self) -> tuple[bytes, ...]:
-        """IDs of the other nodes not in handshake, leaving, PFAIL or FAIL: where the job
-        layer replicates to. Cached until the table changes."""
+        """IDs of the other nodes not in handshake, leaving, PFAIL, FAIL or noaddr: where the
+        job layer replicates to. Cached until the table changes."""
         if self._views_dirty:
             self._refresh_views()
         return self._reachable

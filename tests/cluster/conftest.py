@@ -97,6 +97,17 @@ def myid(proc: DisqueProcess) -> str:
     return reply.decode()
 
 
+def kill_until_failed(c: Any, i: int) -> str:
+    """kill -9 node i of cluster c and wait until every other node flags it fail; its ID."""
+    x = c[i]
+    xid = myid(x)
+    x.kill()
+    wait_for(lambda: all("fail" in cluster_nodes(p)[xid].flags
+                         for j, p in enumerate(c.nodes) if j != i),
+             timeout=15, what="the killed node failed")
+    return xid
+
+
 def hello(proc: DisqueProcess) -> dict[str, list[bytes]]:
     """HELLO entries [id, ip, port, priority] by node ID (the two header items checked)."""
     reply = cmd(proc, "HELLO")

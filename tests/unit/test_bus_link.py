@@ -48,3 +48,14 @@ async def test_an_unencodable_message_is_dropped_and_the_rest_of_the_batch_is_se
     finally:
         link.close()
         theirs.close()
+
+
+def test_bus_links_leave_from_a_bind_address_that_can_reach_the_peer() -> None:
+    from disque.cluster.bus import source_for
+    binds = ["127.0.0.2", "10.1.2.3", "::1"]
+    assert source_for("127.0.0.1", binds) == "127.0.0.2"  # loopback peer: loopback source
+    assert source_for("10.9.9.9", binds) == "10.1.2.3"  # remote peer: never 127.x
+    assert source_for("::1", binds) == "::1"
+    assert source_for("fe80::1", binds) == ""  # no IPv6 non-loopback bind: kernel's choice
+    assert source_for("10.9.9.9", ["127.0.0.1"]) == ""
+    assert source_for("node-2.example", binds) == ""
