@@ -359,6 +359,9 @@ class Server:
                        save_config=self.save_nodes_conf,
                        deliver_job_message=self.on_job_message)
         self.node.on_out = self.schedule_route
+        get_node = self.membership.get
+        self.node.link_up = lambda node_id: getattr(get_node(node_id), "out_link", None) \
+            is not None
         self.route_scheduled = False
         if fresh:
             self.save_nodes_conf(self.membership.nodes_conf())

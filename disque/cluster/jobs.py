@@ -172,6 +172,11 @@ class ClusterJobs:
             if n != myself:
                 self.send(n, msg)
 
+    def link_up(self, node_id: bytes) -> bool:
+        """Whether a message to `node_id` can leave now (the I/O layer replaces this with
+        a look at the bus link; the sans-I/O default is yes)."""
+        return True
+
     def on_out(self) -> None:
         """Called when the outbox goes from empty to non-empty (the server hooks it)."""
 
@@ -546,7 +551,11 @@ class ClusterJobs:
         self.give_jobs(q, sender, count if n >= 2 * count else max(1, n // 2), now)
 
     def give_jobs(self, q: Queue, to: bytes, count: int, now: int) -> None:
-        """Move `count` jobs out of `q` to node `to` (YOURJOBS)."""
+        """Move `count` jobs out of `q` to node `to` (YOURJOBS). Not while our link to it
+        is down (a node killed after its NEEDJOBS): the bus would drop the message and the
+        jobs would wait for their RETRY there (at-most-once ones would be lost)."""
+        if not self.link_up(to):
+            return
         records = []
         for _ in range(min(count, len(q.jobs))):
             job = q.jobs.pop_first()

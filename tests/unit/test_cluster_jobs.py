@@ -1425,3 +1425,19 @@ def test_external_copy_of_an_at_most_once_job_is_not_queued_again_after_a_restar
     r.advance(60_000)
     back = again.lookup_job(jid)
     assert back is not None and back.state == ACTIVE
+
+
+def test_no_jobs_are_given_to_a_node_our_link_to_is_down() -> None:
+    """A node killed right after its NEEDJOBS: the bus would drop the YOURJOBS (no link),
+    leaving the jobs to wait for their RETRY on a dead node; they stay queued here."""
+    r = Rig()
+    r.node.link_up = lambda node_id: node_id != B  # type: ignore[method-assign]
+    r.node.on_needjobs(B, NeedJobs(hdr(B), b"q", 5))  # nothing here yet: remembered
+    r.node.add_job(b"q", b"x", 0, 1, None, None, 0, None, False)
+    r.node.add_job(b"q", b"y", 0, 1, None, 0, 0, None, False)  # at-most-once
+    r.node.on_needjobs(B, NeedJobs(hdr(B), b"q", 5))  # asked again, jobs queued now
+    assert not of(r.take(), YourJobs)
+    assert r.qlen() == 2
+    r.node.link_up = lambda node_id: True  # type: ignore[method-assign]
+    r.node.on_needjobs(B, NeedJobs(hdr(B), b"q", 5))
+    assert [len(m.jobs) for _, m in of(r.take(), YourJobs)] == [1]  # max(1, qlen / 2)
