@@ -52,6 +52,18 @@ NETWORK_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError, asyncio.Time
 log = logging.getLogger("disque.client.aio")
 
 
+async def _read(conn: Any, timeout: float) -> Any:
+    """One reply within `timeout` seconds (math.inf: no limit). redis-py's own
+    `read_response(timeout=t)` answers None on expiry and leaves the reply due on the
+    connection (a "user" timeout); here expiry raises TimeoutError and, as read_response
+    drops its connection when interrupted, the late reply can never be read by another
+    command."""
+    if timeout == math.inf:
+        return await conn.read_response(timeout=math.inf)
+    async with asyncio.timeout(timeout):
+        return await conn.read_response(timeout=math.inf)
+
+
 class AsyncClient(ClientBase):
     """asyncio Disque client; constructor settings as `Client`."""
 
@@ -194,7 +206,7 @@ class AsyncClient(ClientBase):
             node, pool, conn = await self._checkout(attempts)
             try:
                 await conn.send_command(*args, check_health=False)
-                reply = await conn.read_response(timeout=self._read_timeout(blocking_ms))
+                reply = await _read(conn, self._read_timeout(blocking_ms))
             except ResponseError as exc:
                 error = error_from_redis(exc)
                 if isinstance(error, LeavingError) and attempts.leaving(node):
@@ -280,7 +292,7 @@ class AsyncClient(ClientBase):
                     pack_pipeline(conn, [commands[k] for k in todo]), check_health=False)
                 for k in todo:
                     try:
-                        reply = await conn.read_response(timeout=timeout)
+                        reply = await _read(conn, timeout)
                         ids[index[k]] = replies.parse_id(reply)
                         errors[index[k]] = None
                     except ResponseError as exc:
@@ -470,7 +482,10 @@ class AsyncClient(ClientBase):
             while not stop.is_set():
                 want = reserve()
                 if want == 0:
-                    stop.set()
+                    # every remaining job is reserved: stop once all were received, else
+                    # leave them to the worker still waiting for its reserved job
+                    if stats.received >= (max_jobs or 0):
+                        stop.set()
                     return
                 try:
                     jobs, node = await self._get_job_from(qs, timeout=poll_ms, count=want,

@@ -191,7 +191,11 @@ class Consumer:
         while not self.stop.is_set():
             want = self._reserve()
             if want == 0:
-                self.stop.set()
+                # every remaining job is reserved; stop only once they were all received,
+                # else the worker holding a reservation may still get its job
+                with self._lock:
+                    if self.stats.received >= (self.max_jobs or 0):
+                        self.stop.set()
                 return
             try:
                 jobs, node = self.client._get_job_from(
