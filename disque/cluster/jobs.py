@@ -86,9 +86,10 @@ class ReplWaiter:
     job_id: bytes = b""
 
     def cancel(self) -> None:
-        """The client went away: the job is deleted cluster-wide (best effort)."""
+        """The client went away: the job is deleted cluster-wide (best effort), unless a
+        retry of the same ADDJOB (DEDUP) waits for it too."""
         if self.node is not None:
-            self.node.cancel_replication(self.job_id)
+            self.node.cancel_replication(self.job_id, self)
 
     def on_added(self, job_id: bytes) -> None:
         raise NotImplementedError
@@ -100,14 +101,23 @@ class ReplWaiter:
 class Replication:
     """A job waiting for synchronous replication."""
 
-    __slots__ = ("job", "waiter", "external", "timeout", "tick")
+    __slots__ = ("job", "waiter", "followers", "external", "timeout", "tick")
 
     def __init__(self, job: Job, waiter: ReplWaiter, external: bool) -> None:
         self.job = job
         self.waiter = waiter
+        self.followers: list[ReplWaiter] = []  # DEDUP retries of the same ADDJOB
         self.external = external
         self.timeout: Timer | None = None
         self.tick: Timer | None = None
+
+    def added(self, job_id: bytes) -> None:
+        for w in [self.waiter, *self.followers]:
+            w.on_added(job_id)
+
+    def failed(self, error: CommandError) -> None:
+        for w in [self.waiter, *self.followers]:
+            w.on_error(error)
 
     def cancel(self) -> None:
         for timer in (self.timeout, self.tick):
@@ -250,14 +260,37 @@ class ClusterJobs:
             return
         rep.cancel()
         self.delete_everywhere(rep.job)
-        rep.waiter.on_error(CommandError("NOREPL", NOREPL_TIMEOUT))
+        rep.failed(CommandError("NOREPL", NOREPL_TIMEOUT))
 
-    def cancel_replication(self, job_id: bytes) -> None:
-        """The ADDJOB client went away: the job is deleted cluster-wide (best effort)."""
-        rep = self.replicating.pop(job_id, None)
-        if rep is not None:
-            rep.cancel()
-            self.delete_everywhere(rep.job)
+    def join_replication(self, job_id: bytes, waiter: ReplWaiter) -> bool:
+        """A retry of an ADDJOB (same DEDUP key) whose job still waits for its copies: it
+        gets the same outcome as the first client (False: nothing in flight)."""
+        rep = self.replicating.get(job_id)
+        if rep is None:
+            return False
+        waiter.node = self
+        waiter.job_id = job_id
+        rep.followers.append(waiter)
+        return True
+
+    def cancel_replication(self, job_id: bytes, waiter: ReplWaiter | None = None) -> bool:
+        """An ADDJOB client went away: the job is deleted cluster-wide (best effort), unless
+        another client waits for it (a DEDUP retry), which then carries on alone. True if
+        the job was deleted."""
+        rep = self.replicating.get(job_id)
+        if rep is None:
+            return False
+        if waiter is not None and waiter is not rep.waiter:
+            if waiter in rep.followers:
+                rep.followers.remove(waiter)
+            return False
+        if rep.followers:
+            rep.waiter = rep.followers.pop(0)
+            return False
+        del self.replicating[job_id]
+        rep.cancel()
+        self.delete_everywhere(rep.job)
+        return True
 
     def delete_everywhere(self, job: Job) -> None:
         """Delete locally and ask every node that may hold a copy to delete it."""
@@ -281,14 +314,14 @@ class ClusterJobs:
             job.confirmed = ()
             self.activate(job, now)
         if rep is not None:
-            rep.waiter.on_added(job.id)
+            rep.added(job.id)
 
     def replication_removed(self, job: Job) -> None:
         """A job still waiting for replication disappeared (expiry, DELJOB, flush)."""
         rep = self.replicating.pop(job.id, None)
         if rep is not None:
             rep.cancel()
-            rep.waiter.on_error(CommandError("NOREPL", NOREPL_REMOVED))
+            rep.failed(CommandError("NOREPL", NOREPL_REMOVED))
 
     def on_repljob(self, sender: bytes, msg: ReplJob) -> None:
         """ON RECV REPLJOB: hold a copy (or merge `delivered`) and confirm with GOTJOB."""
@@ -696,7 +729,7 @@ class ClusterJobs:
             self.replicating.pop(rep.job.id, None)
             rep.cancel()
             self.delete_everywhere(rep.job)
-            rep.waiter.on_error(leaving())
+            rep.failed(leaving())
 
 
 _HANDLERS: dict[type, Any] = {

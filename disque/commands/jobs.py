@@ -133,6 +133,10 @@ def cmd_addjob(c: Any, argv: list[bytes]) -> None:
     if dedup is not None:
         known = node.dedup_lookup(argv[1], dedup)
         if known is not None:  # a retry of an ADDJOB this node already took
+            waiter = BlockedAddJob(c, argv[1], dedup)
+            if node.join_replication(known, waiter):  # still waiting for its copies
+                c.block(waiter)
+                return
             c.out.append(b"+%b\r\n" % known)
             return
     job = node.add_job(argv[1], argv[2], timeout, replicate, ttl, retry, delay, maxlen, async_)
@@ -163,9 +167,10 @@ class BlockedAddJob(ReplWaiter):
         self.client.unblocked(error.resp())
 
     def cancel(self) -> None:
-        if self.dedup is not None and self.node is not None:
-            self.node.dedup_forget(self.queue, self.dedup, self.job_id)
-        super().cancel()
+        node = self.node
+        if node is not None and node.cancel_replication(self.job_id, self) \
+                and self.dedup is not None:
+            node.dedup_forget(self.queue, self.dedup, self.job_id)
 
 
 # ---------------------------------------------------------------------------- GETJOB

@@ -1441,3 +1441,42 @@ def test_no_jobs_are_given_to_a_node_our_link_to_is_down() -> None:
     r.node.link_up = lambda node_id: True  # type: ignore[method-assign]
     r.node.on_needjobs(B, NeedJobs(hdr(B), b"q", 5))
     assert [len(m.jobs) for _, m in of(r.take(), YourJobs)] == [1]  # max(1, qlen / 2)
+
+
+# -- ADDJOB DEDUP retried while the first one waits for its copies ------------------------
+def test_a_dedup_retry_waits_for_the_same_replication_outcome() -> None:
+    r = Rig(peers=(A, B))
+    job, first = r.add_sync(replicate=2)
+    (t1,) = targets(r.take(), ReplJob)
+    retry = AddClient()
+    assert r.node.join_replication(job.id, retry)
+    r.node.on_gotjob(t1, GotJob(hdr(t1), job.id))
+    assert first.added == [job.id] and retry.added == [job.id]
+
+
+def test_a_dedup_retry_carries_on_when_the_first_client_goes() -> None:
+    """The first client timed out and closed its connection, its retry waits: the job must
+    not be deleted under the retry (it would be told added, or wait for nothing)."""
+    r = Rig(peers=(A, B))
+    job, first = r.add_sync(replicate=2)
+    (t1,) = targets(r.take(), ReplJob)
+    retry = AddClient()
+    assert r.node.join_replication(job.id, retry)
+    first.cancel()  # the first connection closed
+    assert not of(r.take(), DelJob) and r.node.lookup_job(job.id) is job
+    r.node.on_gotjob(t1, GotJob(hdr(t1), job.id))
+    assert retry.added == [job.id] and not first.added
+
+
+def test_a_dedup_retry_going_away_leaves_the_first_client_waiting() -> None:
+    r = Rig(peers=(A, B))
+    job, first = r.add_sync(replicate=2, timeout=1000)
+    r.take()
+    retry = AddClient()
+    assert r.node.join_replication(job.id, retry)
+    retry.cancel()
+    assert r.node.lookup_job(job.id) is job
+    r.advance(1000 + RES)  # the ADDJOB timeout: only the first client is told
+    assert [e.prefix for e in first.errors] == ["NOREPL"] and not retry.errors
+    assert r.node.lookup_job(job.id) is None
+    assert not r.node.join_replication(job.id, AddClient())  # nothing in flight any more
