@@ -190,6 +190,7 @@ def cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
     With `meet` set (the default "first"), the factory returns only once every node sees the
     other n-1 as reachable. All started processes are killed at teardown."""
     started: list[DisqueProcess] = []
+    clusters: list[Cluster] = []  # a test may put a restarted process into c.nodes
 
     def factory(n: int, node_timeout: int = NODE_TIMEOUT, args: list[str] | None = None,
                 meet: str | None = "first", name: str = "node") -> Cluster:
@@ -204,6 +205,7 @@ def cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
         for p in procs:
             p.wait_ready()
         c = Cluster(procs)
+        clusters.append(c)
         if meet == "first":
             c.meet_via_first()
         elif meet == "chain":
@@ -217,7 +219,7 @@ def cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
     try:
         yield factory
     finally:
-        for p in started:
+        for p in [*started, *(p for c in clusters for p in c.nodes)]:
             p.kill()
 
 
