@@ -14,18 +14,9 @@ import re
 
 from tests.harness import REPO, DisqueProcess
 from tests.integration.resp import Conn
+from tests.unit.test_config import ORIGINAL_GET_ORDER
 
-# checklist §8, "CONFIG GET order of output" [verified `CONFIG GET *`]
-ORIGINAL_ORDER = [
-    "requirepass", "unixsocket", "logfile", "pidfile", "maxmemory", "maxmemory-samples",
-    "timeout", "auto-aof-rewrite-percentage", "auto-aof-rewrite-min-size",
-    "slowlog-log-slower-than", "latency-monitor-threshold", "slowlog-max-len", "port",
-    "tcp-backlog", "databases", "maxclients", "watchdog-period", "hz", "cluster-node-timeout",
-    "tcp-keepalive", "no-appendfsync-on-rewrite", "daemonize", "activerehashing",
-    "aof-rewrite-incremental-fsync", "aof-load-truncated", "aof-enqueue-jobs-once",
-    "maxmemory-policy", "loglevel", "appendfsync", "syslog-facility", "appendonly", "dir",
-    "client-output-buffer-limit", "unixsocketperm", "bind",
-]
+ORIGINAL_ORDER = ORIGINAL_GET_ORDER  # checklist §8, the original's CONFIG GET order
 
 
 def differences_section() -> str:

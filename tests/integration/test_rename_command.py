@@ -9,7 +9,7 @@ disables DEBUG or CONFIG this way is silently left with them enabled.
 from __future__ import annotations
 
 from tests.integration.resp import Conn, Err
-from tests.integration.test_startup import exited
+from tests.integration.test_startup import fatal_config
 
 
 def test_rename_command_gives_the_command_its_new_name(make_server) -> None:  # type: ignore[no-untyped-def]
@@ -38,10 +38,6 @@ def test_rename_command_given_on_the_command_line(make_server) -> None:  # type:
 
 def test_rename_command_of_an_unknown_command_is_a_fatal_config_error(make_server) -> None:  # type: ignore[no-untyped-def]
     # redis-server: "No such command in rename-command", exit 1
-    proc = make_server(config_text="rename-command NOSUCHCOMMAND foo\n", start=False)
-    proc.start(wait=False)
-    assert exited(proc) == 1
-    text = proc.output()
-    assert "*** FATAL CONFIG FILE ERROR ***" in text
+    _, text = fatal_config(make_server, "rename-command NOSUCHCOMMAND foo\n")
     assert "rename-command NOSUCHCOMMAND foo" in text
     assert "No such command in rename-command" in text

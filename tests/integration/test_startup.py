@@ -40,12 +40,19 @@ def test_help_flag() -> None:
     assert "usage" in (out.stdout + out.stderr).lower()
 
 
-def test_unknown_directive_in_config_file_stops_startup(make_server) -> None:  # type: ignore[no-untyped-def]
-    proc = make_server(config_text="loglevel notice\nnosuchdirective 1\n", start=False)
+def fatal_config(make_server, config_text: str) -> tuple[DisqueProcess, str]:  # type: ignore[no-untyped-def]
+    """Start a server on this config file: it must stop with redis-server's FATAL banner
+    and exit 1. The process and its output."""
+    proc = make_server(config_text=config_text, start=False)
     proc.start(wait=False)
     assert exited(proc) == 1
     text = proc.output()
     assert "*** FATAL CONFIG FILE ERROR ***" in text
+    return proc, text
+
+
+def test_unknown_directive_in_config_file_stops_startup(make_server) -> None:  # type: ignore[no-untyped-def]
+    proc, text = fatal_config(make_server, "loglevel notice\nnosuchdirective 1\n")
     assert str(proc.workdir / "disque.conf") in text
     assert "line 2" in text
     assert "nosuchdirective" in text
@@ -53,11 +60,7 @@ def test_unknown_directive_in_config_file_stops_startup(make_server) -> None:  #
 
 
 def test_bad_value_in_config_file_stops_startup(make_server) -> None:  # type: ignore[no-untyped-def]
-    proc = make_server(config_text="# comment\n\nmaxmemory lots\n", start=False)
-    proc.start(wait=False)
-    assert exited(proc) == 1
-    text = proc.output()
-    assert "*** FATAL CONFIG FILE ERROR ***" in text
+    _, text = fatal_config(make_server, "# comment\n\nmaxmemory lots\n")
     assert "line 3" in text and "maxmemory" in text
 
 

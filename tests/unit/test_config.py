@@ -459,7 +459,8 @@ def test_value_forms_in_the_file(tmp_path: Path) -> None:
 
 # -- CONFIG GET ----------------------------------------------------------------------------------
 
-GET_ORDER = [
+# checklist §8, "CONFIG GET order of output" [verified `CONFIG GET *`]
+ORIGINAL_GET_ORDER = [
     "requirepass", "unixsocket", "logfile", "pidfile", "maxmemory", "maxmemory-samples",
     "timeout", "auto-aof-rewrite-percentage", "auto-aof-rewrite-min-size",
     "slowlog-log-slower-than", "latency-monitor-threshold", "slowlog-max-len", "port",
@@ -468,6 +469,9 @@ GET_ORDER = [
     "aof-rewrite-incremental-fsync", "aof-load-truncated", "aof-enqueue-jobs-once",
     "maxmemory-policy", "loglevel", "appendfsync", "syslog-facility", "appendonly", "dir",
     "client-output-buffer-limit", "unixsocketperm", "bind",
+]
+GET_ORDER = [
+    *ORIGINAL_GET_ORDER,
     # disque-py additions
     "log-format", "proto-max-bulk-len", "client-query-buffer-limit", "queue-idle-timeout",
     "cluster-announce-ip", "cluster-announce-port", "cluster-config-file", "appendfilename",
