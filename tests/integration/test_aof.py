@@ -7,6 +7,7 @@ same port, same flags unless changed); "crash" is SIGKILL.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import subprocess
@@ -16,8 +17,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from disque.aof import check
 from disque.aof.format import loadjob_record, parse_record
+from disque.client import AsyncClient, Client, DisqueConnectionError
 from disque.jobs.job import ACTIVE, F_BCAST_QUEUED, Job
 from disque.jobs.serialize import deserialize_job
 from tests.harness import DisqueProcess, wait_for
@@ -776,3 +780,28 @@ def test_info_persistence_fields_in_order_with_and_without_aof(make_server) -> N
     q = make_server(args=ALWAYS)
     assert list(persistence(q)) == PERSISTENCE_BASE + PERSISTENCE_AOF
     assert persistence(q)["aof_last_rewrite_time_sec"] == "-1"
+
+
+def test_the_client_library_reports_a_loading_node_as_unreachable(make_server) -> None:
+    """-LOADING means the node ran nothing. A client meeting a loading node fails at its
+    HELLO, before sending anything: DisqueConnectionError with `unreachable` set, so an
+    ADDJOB is known not to be added (not "connection lost, may have been added")."""
+    p = make_server(args=EVERYSEC, start=False, name="big")
+    _write_big_aof(aof_path(p), 300_000)
+    p.start(wait=False)
+    c = wait_for(lambda: Conn(p.port), timeout=30, what="the port to accept connections")
+    assert c.cmd("PING") == Err(LOADING_ERR), "the load ended before the test could start"
+    addr = f"127.0.0.1:{p.port}"
+    with Client([addr], retries=0) as client:
+        with pytest.raises(DisqueConnectionError) as lost:
+            client.add_job("q", "body", replicate=1)
+        assert lost.value.unreachable and "loading" in str(lost.value)
+
+    async def via_asyncio() -> None:
+        async with AsyncClient([addr], retries=0) as aclient:
+            with pytest.raises(DisqueConnectionError) as alost:
+                await aclient.add_job("q", "body", replicate=1)
+            assert alost.value.unreachable
+    asyncio.run(via_asyncio())
+    wait_for(lambda: c.cmd("PING") == "PONG", timeout=120, what="the load to finish")
+    assert info(c, "jobs")["registered_jobs"] == "300000"  # nothing was added while loading
