@@ -895,7 +895,7 @@ def _repr_arg(a: bytes) -> bytes:
     return bytes(out)
 
 
-# verbose shows what debug shows (client connections, bus links), as Redis's verbose level
+# verbose shows what debug shows (client connections and closes), as Redis's verbose level
 # adds its connection lines to notice
 _debug_log = [False]  # debug events are on (configure_logging sets it)
 _LEVELS = {"debug": logging.DEBUG, "verbose": logging.DEBUG, "notice": logging.INFO,
