@@ -726,3 +726,17 @@ def test_dummy_ack_with_all_owners_down_leaves_nothing_once_they_return(cluster)
         p.start()
     wait_for(lambda: gone_everywhere(c, jid), timeout=90, interval=0.2,
              what="no copy and no dummy left")
+
+
+def test_maxlen_checks_only_the_local_queue(cluster):
+    """Original report #26 (docs/original-bugs.md): MAXLEN is a check of the queue of the
+    node receiving the ADDJOB; the replicas holding copies do not apply it."""
+    c = cluster(2)
+    a, b = c[0], c[1]
+    add(a, "first", "REPLICATE", 2)  # queued on a, an active copy on b
+    assert cmd(a, "QLEN", "q") == 1 and cmd(b, "QLEN", "q") == 0
+    refused = cmd(a, "ADDJOB", "q", "second", 0, "REPLICATE", 2, "MAXLEN", 1)
+    assert isinstance(refused, Err) and refused.startswith("MAXLEN")
+    jid = cmd(b, "ADDJOB", "q", "second", 0, "REPLICATE", 2, "MAXLEN", 1)
+    assert isinstance(jid, Status)  # b's own queue is empty
+    assert cmd(b, "QLEN", "q") == 1 and cmd(a, "QLEN", "q") == 1
