@@ -33,6 +33,9 @@ def _bindable(port: int) -> bool:
         return False
 
 
+_handed_out: set[int] = set()  # ports free_port returned in this process, and their bus ports
+
+
 def free_port(bus_offset: int = 10000) -> int:
     """A loopback port p that is free now, with p + bus_offset free too, both outside the
     ephemeral range when the range leaves room for that."""
@@ -42,8 +45,13 @@ def free_port(bus_offset: int = 10000) -> int:
     rng = random.SystemRandom()
     for _ in range(200 if candidates else 0):
         port = rng.choice(candidates)
-        if _bindable(port) and _bindable(port + bus_offset):
-            return port
+        # Not one this process handed out already (as a client or a bus port): callers
+        # such as a test's cluster take several ports before any server binds them.
+        if ({port, port + bus_offset} & _handed_out) or not (
+                _bindable(port) and _bindable(port + bus_offset)):
+            continue
+        _handed_out.update((port, port + bus_offset))
+        return port
     for _ in range(200):  # no room outside the ephemeral range: the old way
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))

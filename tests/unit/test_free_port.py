@@ -29,3 +29,12 @@ def test_free_port_avoids_the_ephemeral_range() -> None:
         p = free_port()
         assert not lo <= p <= hi, f"client port {p} is in the ephemeral range {lo}-{hi}"
         assert not lo <= p + 10000 <= hi, f"bus port {p + 10000} is in the ephemeral range"
+
+
+def test_free_port_never_hands_out_a_port_twice_in_a_process() -> None:
+    """A test's cluster takes all its ports before any server binds them: two nodes given
+    the same port (or one's client port equal to another's bus port) made one node exit
+    with 'address already in use' (seen in CI)."""
+    ports = [free_port() for _ in range(300)]
+    taken = set(ports) | {p + 10000 for p in ports}
+    assert len(taken) == 2 * len(ports)
