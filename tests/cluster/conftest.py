@@ -178,9 +178,13 @@ class Cluster:
         try:
             wait_for(check, timeout=timeout, what=f"a full mesh of {len(nodes)} nodes")
         except AssertionError:
+            # (wait_for kept polling through check()'s "died" error: name the dead here)
+            dead = "\n".join(f":{p.port} died:\n{p.output()[-2000:]}" for p in nodes
+                             if not p.alive())
             views = "\n".join(f":{p.port}\n{cmd(p, 'CLUSTER', 'NODES')!r}" for p in nodes
                               if p.alive())
-            raise AssertionError(f"no full mesh after {timeout}s; views:\n{views}") from None
+            raise AssertionError(f"no full mesh after {timeout}s; {dead}\nviews:\n{views}") \
+                from None
 
 
 @pytest.fixture
