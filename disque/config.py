@@ -43,6 +43,7 @@ __all__ = [
     "on_set",
     "parse_memory",
     "render_value",
+    "specific_binds",
     "split_args",
 ]
 
@@ -257,6 +258,14 @@ class _Keepalive(_Int):
 _MEMORY_RE = re.compile(r"([0-9]+)(b|k|kb|m|mb|g|gb)?", re.IGNORECASE)
 _MEMORY_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1024, "m": 1000**2, "mb": 1024**2,
                  "g": 1000**3, "gb": 1024**3}
+
+
+_WILDCARD_BINDS = frozenset(("", "0.0.0.0", "::", "*"))
+
+
+def specific_binds(binds: list[str]) -> list[str]:
+    """The `bind` addresses that name one interface (not a wildcard), in order."""
+    return [a for a in binds if a not in _WILDCARD_BINDS]
 
 
 def parse_memory(s: str) -> int:

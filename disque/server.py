@@ -35,7 +35,14 @@ from disque.cluster.bus import Bus
 from disque.cluster.membership import Membership, new_node_id
 from disque.cluster.nodes import NodesConfError, parse_nodes_conf
 from disque.commands import TABLE, Command, load_all, wrong_arity
-from disque.config import Config, ConfigError, ConfigSetError, load_config, on_set
+from disque.config import (
+    Config,
+    ConfigError,
+    ConfigSetError,
+    load_config,
+    on_set,
+    specific_binds,
+)
 from disque.node import Node
 from disque.protocol.errors import (
     LOADING_REPLY,
@@ -337,7 +344,8 @@ class Server:
         rng = random.Random()
         myself, entries, fresh = load_cluster_config(cfg, rng)
         self.node_id = myself
-        bind_ip = next((a for a in cfg.bind if a not in ("0.0.0.0", "::", "*")), "")
+        binds = specific_binds(cfg.bind)
+        bind_ip = binds[0] if binds else ""
         self.membership = Membership(
             myself, cfg.port, clock=wall_ms, rng=rng, node_timeout=cfg.cluster_node_timeout,
             bus_port_offset=cfg.cluster_port_offset,
@@ -345,8 +353,8 @@ class Server:
             announce_port=cfg.cluster_announce_port or None, my_ip=bind_ip.encode())
         self.membership.load(entries)
         me = self.membership.me
-        if (bind_ip and not cfg.cluster_announce_ip and "*" not in cfg.bind
-                and not {"0.0.0.0", "::"} & set(cfg.bind) and me.ip.decode() not in cfg.bind):
+        if (bind_ip and not cfg.cluster_announce_ip and len(binds) == len(cfg.bind)
+                and me.ip.decode() not in binds):
             # nodes.conf names an address we no longer listen on (restarted elsewhere):
             # announce the one we bind, not the stale one.
             me.ip = bind_ip.encode()

@@ -41,6 +41,7 @@ from disque.cluster.messages import (
     encode_many,
     make_nonce,
 )
+from disque.config import specific_binds
 
 log = structlog.get_logger("disque.bus")
 
@@ -250,7 +251,7 @@ class Bus:
 
     async def start(self, addresses: list[str], port: int, backlog: int = 511) -> None:
         self.loop = asyncio.get_running_loop()
-        self.source_ips = [a for a in addresses if a not in ("", "0.0.0.0", "::", "*")]
+        self.source_ips = specific_binds(addresses)
         for addr in addresses:
             srv = await self.loop.create_server(lambda: BusLink(self, inbound=True), addr, port,
                                                 backlog=backlog, reuse_address=True)
