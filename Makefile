@@ -44,7 +44,7 @@ test-fast: install system-deps
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 bench: install system-deps
-	$(PY) -m benchmarks.run
+	$(PY) -m benchmarks.run $(BENCH_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check disque tests benchmarks examples

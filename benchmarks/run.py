@@ -9,8 +9,8 @@ Scenarios (pick with `--only`):
 - e2e: our multi-process generator (loadgen.py): producers ADDJOB, consumers GETJOB + ACKJOB,
   against LPUSH / BRPOP, unpipelined and 16 in flight per connection.
 - cluster: 3 fresh disque-py nodes joined with CLUSTER MEET: `ADDJOB ... REPLICATE 3` sync
-  and ASYNC from 50 connections spread over the nodes (one redis-benchmark per node, run in
-  parallel), and produce-on-one-node / consume-on-another (GETJOB + ACKJOB) with loadgen.py,
+  and ASYNC, and REPLICATE 2, from 50 connections spread over the nodes (one
+  redis-benchmark per node, run in parallel), and produce-on-one-node / consume-on-another (GETJOB + ACKJOB) with loadgen.py,
   so every job crosses the cluster bus. There is no redis-server equivalent.
 - memory: a fresh node gets `--jobs-for-memory` jobs with 16-byte bodies; the growth of INFO
   `used_memory` and `used_memory_rss` over the empty node, per job (and the same for a fresh
@@ -19,7 +19,12 @@ Scenarios (pick with `--only`):
   pipelined add_jobs from a local[2] Spark job into 3 fresh nodes, REPLICATE 1 and 3
   (benchmarks/spark_bench.py).
 
-Both servers are started here on free loopback ports and always stopped, even on errors or
+`--disque-cmd PATH` adds the original C Disque server (antirez/disque's disque-server) as a
+reference column: the ping, addjob, getjob, e2e and memory loads also run against one original
+node, and the cluster loads against three original nodes, started only after the disque-py
+nodes were stopped (never two clusters at once). disque-py is always the server under test.
+
+All servers are started here on free loopback ports and always stopped, even on errors or
 Ctrl-C. The issue's targets are ratios to redis-server in the same run; each is printed as
 PASS or MISS. A MISS never fails the run: the exit status is non-zero only when the harness
 itself could not do its job (a server that does not start, a crash in this code).
@@ -130,12 +135,15 @@ class Server:
 DISQUE_CMD = [sys.executable, "-m", "disque"]
 
 
-def disque_server(workdir: Path, cpus: set[int] | None) -> Server:
+def disque_server(workdir: Path, cpus: set[int] | None, cmd: list[str] | None = None,
+                  flavor: str = "disque") -> Server:
+    """A disque-py node, or with `cmd` the original disque-server (flavor "original"): both
+    take the same --port / --dir / --maxmemory options."""
     port = free_port()
-    d = workdir / f"disque-{port}"
+    d = workdir / f"{flavor}-{port}"
     d.mkdir(parents=True)
-    cmd = [*DISQUE_CMD, "--port", str(port), "--dir", str(d), "--maxmemory", "4gb"]
-    return Server("disque", cmd, port, d, cpus)
+    argv = [*(cmd or DISQUE_CMD), "--port", str(port), "--dir", str(d), "--maxmemory", "4gb"]
+    return Server(flavor, argv, port, d, cpus)
 
 
 def redis_server(workdir: Path, cpus: set[int] | None) -> Server:
@@ -224,19 +232,34 @@ def redis_benchmark(port: int, command: list[str], n: int, pipeline: int, client
 
 # -- scenarios ----------------------------------------------------------------------------
 
+def _rate_ratio(ours: Load, theirs: Load | None) -> float | None:
+    if theirs is not None and ours.ok and theirs.ok and theirs.rps:
+        return (ours.rps or 0.0) / theirs.rps
+    return None
+
+
 @dataclass(slots=True)
 class Row:
-    """One line of the table: the same load on disque and on redis."""
+    """One line of the table: the same load on disque-py, on redis and (with --disque-cmd)
+    on the original Disque."""
     key: str
     label: str
     disque: Load = field(default_factory=Load)
     redis: Load = field(default_factory=Load)
+    original: Load | None = None
 
     @property
     def ratio(self) -> float | None:
-        if self.disque.ok and self.redis.ok and self.redis.rps:
-            return (self.disque.rps or 0.0) / self.redis.rps
-        return None
+        return _rate_ratio(self.disque, self.redis)
+
+    @property
+    def original_ratio(self) -> float | None:
+        return _rate_ratio(self.disque, self.original)
+
+
+# The servers of one single-node run, in the order they are measured: (flavor, server),
+# server None when it did not start. "original" speaks disque's commands.
+Lineup = list[tuple[str, Server | None]]
 
 
 @dataclass(slots=True)
@@ -261,7 +284,7 @@ class Options:
 
 def _qlen(port: int, flavor: str, queue: str) -> int:
     with Client(port) as c:
-        return int(c.call("QLEN", queue) if flavor == "disque" else c.call("LLEN", queue))
+        return int(c.call("LLEN", queue) if flavor == "redis" else c.call("QLEN", queue))
 
 
 def _counted(server: Server | None, flavor: str, queue: str, expect: int, command: list[str],
@@ -305,61 +328,62 @@ def _report(label: str, flavor: str, load: Load) -> None:
         extra = f"  ERROR {load.error}"
     elif load.note:
         extra = f"  ({load.note})"
-    _say(f"  {label:<26} {flavor:<6} {_fmt_rate(load.rps):>12}/s  p50/p99 {_fmt_lat(load)} ms"
+    _say(f"  {label:<27} {flavor:<8} {_fmt_rate(load.rps):>12}/s  p50/p99 {_fmt_lat(load)} ms"
          f"  [{load.seconds:.1f}s]{extra}")
 
 
-def scenario_addjob(d: Server | None, r: Server | None, o: Options) -> list[Row]:
+def _set_load(row: Row, flavor: str, load: Load) -> None:
+    setattr(row, flavor, load)
+    _report(row.label, flavor, load)
+
+
+def scenario_addjob(lineup: Lineup, o: Options) -> list[Row]:
     rows = []
     for p in (1, 16):
         row = Row(f"addjob_p{p}", f"ADDJOB vs LPUSH P{p}")
         q = f"add{p}"
-        for flavor, server, cmd in (("disque", d, ["ADDJOB", q, "body", "0"]),
-                                    ("redis", r, ["LPUSH", q, "body"])):
-            load = _counted(server, flavor, q, o.requests(p), cmd, p, o)
-            setattr(row, flavor, load)
-            _report(row.label, flavor, load)
+        for flavor, server in lineup:
+            cmd = ["LPUSH", q, "body"] if flavor == "redis" else ["ADDJOB", q, "body", "0"]
+            _set_load(row, flavor, _counted(server, flavor, q, o.requests(p), cmd, p, o))
         rows.append(row)
     return rows
 
 
-def scenario_ping(d: Server | None, r: Server | None, o: Options) -> list[Row]:
-    """PING on both servers: the request path's ceiling (event loop, parsing, dispatch,
+def scenario_ping(lineup: Lineup, o: Options) -> list[Row]:
+    """PING on every server: the request path's ceiling (event loop, parsing, dispatch,
     reply, syscalls) with no command work at all. A ratio target above PING's own ratio
     cannot be met by making the command cheaper."""
     rows = []
     for p in (1, 16):
         row = Row(f"ping_p{p}", f"PING vs PING P{p} (ceiling)")
-        for flavor, server in (("disque", d), ("redis", r)):
+        for flavor, server in lineup:
             if server is None or not server.alive():
                 load = Load(error=f"{flavor} server not running")
             else:
                 load = redis_benchmark(server.port, ["PING"], o.requests(p), p, o.clients,
                                        o.time_limit)
-            setattr(row, flavor, load)
-            _report(row.label, flavor, load)
+            _set_load(row, flavor, load)
         rows.append(row)
     return rows
 
 
-def scenario_getjob(d: Server | None, r: Server | None, o: Options) -> list[Row]:
+def scenario_getjob(lineup: Lineup, o: Options) -> list[Row]:
     row = Row("getjob_p16", "GETJOB NOHANG vs RPOP P16")
     q = "get16"
-    for flavor, server, fill, take in (
-        ("disque", d, ["ADDJOB", q, "body", "0"], ["GETJOB", "NOHANG", "FROM", q]),
-        ("redis", r, ["LPUSH", q, "body"], ["RPOP", q]),
-    ):
+    for flavor, server in lineup:
+        if flavor == "redis":
+            fill, take = ["LPUSH", q, "body"], ["RPOP", q]
+        else:
+            fill, take = ["ADDJOB", q, "body", "0"], ["GETJOB", "NOHANG", "FROM", q]
         if server is None or not server.alive():
-            setattr(row, flavor, Load(error=f"{flavor} server not running"))
-            _report(row.label, flavor, getattr(row, flavor))
+            _set_load(row, flavor, Load(error=f"{flavor} server not running"))
             continue
         n = o.requests(16)
         pre = _counted(server, flavor, q, n, fill, 16, o)
         if not pre.ok or pre.note or pre.partial:
-            setattr(row, flavor, Load(error=f"pre-fill failed: {pre.error or pre.note}"))
+            _set_load(row, flavor, Load(error=f"pre-fill failed: {pre.error or pre.note}"))
         else:
-            setattr(row, flavor, _counted(server, flavor, q, -n, take, 16, o))
-        _report(row.label, flavor, getattr(row, flavor))
+            _set_load(row, flavor, _counted(server, flavor, q, -n, take, 16, o))
     return [row]
 
 
@@ -373,16 +397,17 @@ def _e2e_load(res: E2EResult) -> Load:
     return load
 
 
-def scenario_e2e(d: Server | None, r: Server | None, o: Options) -> tuple[list[Row], dict[str, Any]]:
+def scenario_e2e(lineup: Lineup, o: Options) -> tuple[list[Row], dict[str, Any]]:
     rows = []
     raw: dict[str, Any] = {}
     for depth in (1, 16):
         row = Row(f"e2e_p{depth}", f"produce->consume P{depth}")
-        for flavor, server in (("disque", d), ("redis", r)):
+        for flavor, server in lineup:
             if server is None or not server.alive():
                 setattr(row, flavor, Load(error=f"{flavor} server not running"))
             else:
-                cfg = E2EConfig(port=server.port, flavor=flavor,  # type: ignore[arg-type]
+                cfg = E2EConfig(port=server.port,
+                                flavor="redis" if flavor == "redis" else "disque",
                                 depth=depth, jobs=o.e2e_jobs, connections=o.clients,
                                 procs=o.e2e_procs, time_limit=o.e2e_time_limit,
                                 queue=f"e2e{depth}")
@@ -414,13 +439,16 @@ def _reachable(port: int) -> int:
 
 
 def start_cluster(workdir: Path, cpus: set[int] | None, size: int = CLUSTER_SIZE,
-                  timeout: float = 30.0) -> list[Server]:
-    """`size` fresh nodes; every node meets the first, gossip completes the mesh. Returns
-    once every node sees size - 1 reachable nodes. The caller stops the servers."""
+                  timeout: float = 30.0, cmd: list[str] | None = None,
+                  flavor: str = "disque") -> list[Server]:
+    """`size` fresh nodes (disque-py, or the original with `cmd`: both answer CLUSTER MEET
+    and CLUSTER INFO's cluster_reachable_nodes); every node meets the first, gossip completes
+    the mesh. Returns once every node sees size - 1 reachable nodes. The caller stops the
+    servers."""
     servers: list[Server] = []
     try:
         for _ in range(size):  # started one by one: each picks its free port pair while free
-            servers.append(disque_server(workdir, cpus).start())
+            servers.append(disque_server(workdir, cpus, cmd, flavor).start())
         for s in servers[1:]:
             with Client(s.port) as c:
                 c.call("CLUSTER", "MEET", "127.0.0.1", servers[0].port)
@@ -493,28 +521,45 @@ def _qlen_sum(servers: list[Server], queue: str) -> int:
     return sum(_qlen(s.port, "disque", queue) for s in servers)
 
 
-def scenario_cluster(workdir: Path, cpus: set[int] | None, o: Options,
-                     raw: dict[str, Any]) -> list[Row]:
-    """3 nodes: ADDJOB REPLICATE 3 (sync, ASYNC) over all nodes; produce on node 0, consume
-    (GETJOB + ACKJOB) on node 1. Each load starts from empty nodes (DEBUG FLUSHALL)."""
-    loads = [
-        ("cluster_add_sync_p1", "3 nodes ADDJOB R3 P1", ["REPLICATE", "3"], 1),
-        ("cluster_add_async_p1", "3 nodes ADDJOB R3 ASYNC P1", ["REPLICATE", "3", "ASYNC"], 1),
-        ("cluster_add_sync_p16", "3 nodes ADDJOB R3 P16", ["REPLICATE", "3"], 16),
-    ]
-    e2e = [("cluster_e2e_p1", "3 nodes add A->get B P1", 1),
-           ("cluster_e2e_p16", "3 nodes add A->get B P16", 16)]
-    rows = [Row(key, label) for key, label, *_ in loads + e2e]
+CLUSTER_ADDJOB_LOADS = [  # key, label, ADDJOB options, redis-benchmark -P
+    ("cluster_add_sync_p1", "3 nodes ADDJOB R3 P1", ["REPLICATE", "3"], 1),
+    ("cluster_add_async_p1", "3 nodes ADDJOB R3 ASYNC P1", ["REPLICATE", "3", "ASYNC"], 1),
+    ("cluster_add_sync_p16", "3 nodes ADDJOB R3 P16", ["REPLICATE", "3"], 16),
+    ("cluster_add_async_p16", "3 nodes ADDJOB R3 ASYNC P16", ["REPLICATE", "3", "ASYNC"], 16),
+    ("cluster_add_r2_p16", "3 nodes ADDJOB R2 P16", ["REPLICATE", "2"], 16),
+]
+CLUSTER_E2E_LOADS = [  # key, label, requests in flight per connection
+    ("cluster_e2e_p1", "3 nodes add A->get B P1", 1),
+    ("cluster_e2e_p16", "3 nodes add A->get B P16", 16),
+]
+
+
+def scenario_cluster(workdir: Path, cpus: set[int] | None, o: Options, raw: dict[str, Any],
+                     original_cmd: list[str] | None = None) -> list[Row]:
+    """3 nodes: ADDJOB REPLICATE 3 (sync, ASYNC) and REPLICATE 2 over all nodes; produce on
+    node 0, consume (GETJOB + ACKJOB) on node 1. Each load starts from empty nodes (DEBUG
+    FLUSHALL). With `original_cmd` the same loads then run on three original nodes, started
+    once the disque-py nodes are stopped: two clusters never share the machine."""
+    rows = [Row(key, label) for key, label, *_ in CLUSTER_ADDJOB_LOADS + CLUSTER_E2E_LOADS]
+    run_cluster_loads(rows, "disque", workdir, cpus, o, raw)
+    if original_cmd:
+        run_cluster_loads(rows, "original", workdir, cpus, o, raw, original_cmd)
+    return rows
+
+
+def run_cluster_loads(rows: list[Row], flavor: str, workdir: Path, cpus: set[int] | None,
+                      o: Options, raw: dict[str, Any], cmd: list[str] | None = None) -> None:
+    """Every cluster load on one fresh cluster of `flavor`, stored in each row's `flavor`
+    column; the nodes are stopped before returning."""
     try:
-        servers = start_cluster(workdir, cpus)
+        servers = start_cluster(workdir, cpus, cmd=cmd, flavor=flavor)
     except (OSError, RuntimeError) as exc:
         for row in rows:
-            row.disque = Load(error=f"cluster did not start: {exc}")
-            _report(row.label, "disque", row.disque)
-        return rows
+            _set_load(row, flavor, Load(error=f"cluster did not start: {exc}"))
+        return
     try:
-        _say(f"cluster of {len(servers)} nodes on ports {[s.port for s in servers]}")
-        for row, (_, _, opts, pipeline) in zip(rows, loads, strict=False):
+        _say(f"{flavor} cluster of {len(servers)} nodes on ports {[s.port for s in servers]}")
+        for row, (_, _, opts, pipeline) in zip(rows, CLUSTER_ADDJOB_LOADS, strict=False):
             q = row.key
             _flushall(servers)
             before = _qlen_sum(servers, q)
@@ -523,29 +568,27 @@ def scenario_cluster(workdir: Path, cpus: set[int] | None, o: Options,
             moved = _qlen_sum(servers, q) - before
             if load.ok and not load.partial and moved < o.cluster_n * 0.99:
                 load.note = f"only {moved} of {o.cluster_n} requests queued a job"
-            row.disque = load
-            _report(row.label, "disque", load)
-        for row, (_, _, depth) in zip(rows[len(loads):], e2e, strict=True):
+            _set_load(row, flavor, load)
+        e2e_rows = rows[len(CLUSTER_ADDJOB_LOADS):]
+        for row, (_, _, depth) in zip(e2e_rows, CLUSTER_E2E_LOADS, strict=True):
             _flushall(servers)
             if not all(s.alive() for s in servers):
-                row.disque = Load(error="a cluster node died")
-            else:
-                cfg = E2EConfig(port=servers[0].port, consume_port=servers[1].port,
-                                flavor="disque", depth=depth, jobs=o.cluster_e2e_jobs,
-                                connections=o.clients, procs=o.e2e_procs,
-                                time_limit=o.e2e_time_limit, queue=row.key,
-                                add_args=("REPLICATE", "3"))
-                res = run_e2e(cfg)
-                raw[row.key] = res.as_dict()
-                row.disque = _e2e_load(res)
-            _report(row.label, "disque", row.disque)
+                _set_load(row, flavor, Load(error="a cluster node died"))
+                continue
+            cfg = E2EConfig(port=servers[0].port, consume_port=servers[1].port,
+                            flavor="disque", depth=depth, jobs=o.cluster_e2e_jobs,
+                            connections=o.clients, procs=o.e2e_procs,
+                            time_limit=o.e2e_time_limit, queue=row.key,
+                            add_args=("REPLICATE", "3"))
+            res = run_e2e(cfg)
+            raw[row.key if flavor == "disque" else f"{row.key}_{flavor}"] = res.as_dict()
+            _set_load(row, flavor, _e2e_load(res))
         dead = [s for s in servers if not s.alive()]
         if dead:
-            _say(f"cluster node(s) died during the run:\n{dead[0].log_tail()}")
+            _say(f"{flavor} cluster node(s) died during the run:\n{dead[0].log_tail()}")
     finally:
         for s in servers:
             s.stop()
-    return rows
 
 
 def _memory_fields(port: int) -> dict[str, int]:
@@ -557,7 +600,7 @@ def _memory_fields(port: int) -> dict[str, int]:
 def measure_memory(server: Server, flavor: str, o: Options) -> dict[str, Any]:
     """Fill a fresh server with o.memory_jobs 16-byte jobs; per-job growth of INFO memory."""
     q = "mem"
-    cmd = ["ADDJOB", q, BODY16, "0"] if flavor == "disque" else ["LPUSH", q, BODY16]
+    cmd = ["LPUSH", q, BODY16] if flavor == "redis" else ["ADDJOB", q, BODY16, "0"]
     out: dict[str, Any] = {"flavor": flavor, "target": o.memory_jobs}
     base = _memory_fields(server.port)
     t0 = time.monotonic()
@@ -582,13 +625,18 @@ def measure_memory(server: Server, flavor: str, o: Options) -> dict[str, Any]:
 
 
 def scenario_memory(workdir: Path, cpus: set[int] | None, o: Options,
-                    want_disque: bool) -> dict[str, Any]:
+                    want_disque: bool, original_cmd: list[str] | None = None) -> dict[str, Any]:
+    """One fresh server at a time: disque-py, redis-server, and the original if given."""
     results: dict[str, Any] = {}
-    makers = [("redis", redis_server)]
+    makers: list[tuple[str, Callable[[], Server]]] = [
+        ("redis", lambda: redis_server(workdir, cpus))]
     if want_disque:
-        makers.insert(0, ("disque", disque_server))
+        makers.insert(0, ("disque", lambda: disque_server(workdir, cpus)))
+    if original_cmd:
+        makers.append(("original",
+                       lambda: disque_server(workdir, cpus, original_cmd, "original")))
     for flavor, make in makers:
-        server = make(workdir, cpus)
+        server = make()
         try:
             server.start()
             m = measure_memory(server, flavor, o)
@@ -599,7 +647,7 @@ def scenario_memory(workdir: Path, cpus: set[int] | None, o: Options,
         results[flavor] = m
         per = m.get("used_memory_rss_per_job")
         used = m.get("used_memory_per_job")
-        _say(f"  {'memory':<26} {flavor:<6} {m.get('jobs', 0):,} jobs in "
+        _say(f"  {'memory':<27} {flavor:<8} {m.get('jobs', 0):,} jobs in "
              f"{m.get('fill_seconds', 0):.1f}s: used_memory "
              f"{'-' if used is None else f'{used:.0f}'} B/job, RSS "
              f"{'-' if per is None else f'{per:.0f}'} B/job"
@@ -631,34 +679,61 @@ def check_targets(rows: dict[str, Row], memory: dict[str, Any]) -> list[dict[str
     return out
 
 
+def _fmt_pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}"
+
+
+def memory_ratios(memory: dict[str, Any], other: str) -> dict[str, float]:
+    """disque-py's bytes per job over `other`'s, for used_memory and used_memory_rss."""
+    ours, theirs = memory.get("disque", {}), memory.get(other, {})
+    out = {}
+    for k in ("used_memory", "used_memory_rss"):
+        a, b = ours.get(f"{k}_per_job"), theirs.get(f"{k}_per_job")
+        if a is not None and b:
+            out[k] = a / b
+    return out
+
+
 def print_table(rows: list[Row], memory: dict[str, Any], targets: list[dict[str, Any]],
                 cpus: int, pinned: bool) -> None:
+    with_original = "original" in memory or any(row.original is not None for row in rows)
+    flavors = ("disque", "redis", "original") if with_original else ("disque", "redis")
     _say("")
     head = (f"{'scenario':<27} {'disque jobs/s':>14} {'p50/p99 ms':>13} "
             f"{'redis ops/s':>14} {'p50/p99 ms':>13} {'ratio':>7}")
+    if with_original:
+        head += f" {'original jobs/s':>16} {'p50/p99 ms':>13} {'py/orig':>8}"
     _say(head)
     _say("-" * len(head))
     for row in rows:
-        ratio = row.ratio
-        d = _fmt_rate(row.disque.rps) + ("*" if row.disque.partial else "")
-        r = _fmt_rate(row.redis.rps) + ("*" if row.redis.partial else "")
-        _say(f"{row.label:<27} {d:>14} {_fmt_lat(row.disque):>13} {r:>14} "
-             f"{_fmt_lat(row.redis):>13} {'-' if ratio is None else f'{ratio:.0%}':>7}")
-        for flavor in ("disque", "redis"):
-            load: Load = getattr(row, flavor)
-            if load.error or load.note:
+        line = f"{row.label:<27}"
+        for flavor in flavors:
+            load = getattr(row, flavor) or Load()
+            rate = _fmt_rate(load.rps) + ("*" if load.partial else "")
+            line += f" {rate:>{16 if flavor == 'original' else 14}} {_fmt_lat(load):>13}"
+            if flavor == "redis":
+                line += f" {_fmt_pct(row.ratio):>7}"
+        if with_original:
+            line += f" {_fmt_pct(row.original_ratio):>8}"
+        _say(line)
+        for flavor in flavors:
+            load = getattr(row, flavor)
+            if load is not None and (load.error or load.note):
                 _say(f"    {flavor}: {load.error or load.note}")
-    for flavor in ("disque", "redis"):
+    for flavor in flavors:
         m = memory.get(flavor)
         if not m:
             continue
         used = m.get("used_memory_per_job")
         rss = m.get("used_memory_rss_per_job")
-        unit = "job" if flavor == "disque" else "list item"
-        _say(f"memory {flavor:<7} {m.get('jobs', 0):>9,} x 16B: used_memory "
+        unit = "list item" if flavor == "redis" else "job"
+        ratios = memory_ratios(memory, "original") if flavor == "original" else {}
+        _say(f"memory {flavor:<8} {m.get('jobs', 0):>9,} x 16B: used_memory "
              f"{'-' if used is None else f'{used:.0f}'} B/{unit}, RSS "
              f"{'-' if rss is None else f'{rss:.0f}'} B/{unit}, filled in "
              f"{m.get('fill_seconds', 0):.1f}s ({_fmt_rate(m.get('fill_rps'))}/s)"
+             + (f"; py/orig used_memory {_fmt_pct(ratios.get('used_memory'))}, RSS "
+                f"{_fmt_pct(ratios.get('used_memory_rss'))}" if ratios else "")
              + (f"  {m['error']}" if "error" in m else "")
              + (f"  {m['note']}" if "note" in m else ""))
     _say("")
@@ -673,6 +748,10 @@ def print_table(rows: list[Row], memory: dict[str, Any], targets: list[dict[str,
         _say("3 nodes rows: three disque-py nodes on this machine, 50 connections spread over "
              "them (p50/p99: the worst node's); add A->get B: producers on one node, "
              "consumers (GETJOB + ACKJOB) on another. No redis-server equivalent.")
+    if with_original:
+        _say("original: the C Disque server of --disque-cmd under the same loads (its 3 nodes "
+             "start after disque-py's were stopped); py/orig = disque-py / original, of the "
+             "rates and of the bytes per job.")
     _say(f"Caveat: this machine has {cpus} CPU(s); the load generators and the server under test "
          f"share them{' (servers pinned to CPU 0, load elsewhere)' if pinned else ''}, so "
          f"absolute numbers understate both servers: compare the ratios.")
@@ -754,9 +833,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="seconds any single load may run (default 60, quick 20)")
     ap.add_argument("--pin", action="store_true",
                     help="pin the servers to CPU 0 and the load generators to the other CPUs")
-    ap.add_argument("--disque-cmd", default=None,
-                    help="command that starts a node, before --port/--dir/--maxmemory "
-                         "(default: this python -m disque; e.g. the original disque-server)")
+    ap.add_argument("--disque-cmd", default=None, metavar="PATH",
+                    help="the original C Disque server (e.g. disque/src/disque-server; "
+                         "started with --port/--dir/--maxmemory): the ping, addjob, getjob, "
+                         "e2e, cluster and memory loads also run against it, as an "
+                         "'original' column next to disque-py (always the server under test)")
     ap.add_argument("--results-dir", default=str(REPO / "bench-results"))
     a = ap.parse_args(argv)
     a.only = [s.strip() for s in a.only.split(",") if s.strip()]
@@ -768,8 +849,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
-    if a.disque_cmd:
-        DISQUE_CMD[:] = shlex.split(a.disque_cmd)
+    original_cmd = shlex.split(a.disque_cmd) if a.disque_cmd else None
+    if original_cmd and shutil.which(original_cmd[0]) is None:
+        _say(f"--disque-cmd: {original_cmd[0]} is not an executable")
+        return 2
     o = Options(
         n=a.requests or (50_000 if a.quick else 200_000),
         clients=a.clients,
@@ -809,51 +892,68 @@ def main(argv: list[str] | None = None) -> int:
     aof: dict[str, Any] = {}
     harness_error: str | None = None
     disque_error: str | None = None
+    original_error: str | None = None
     versions: dict[str, str | None] = {}
     with tempfile.TemporaryDirectory(prefix="disque-bench-") as tmp, _sigterm_as_interrupt():
         work = Path(tmp)
         try:
             load_scenarios = [s for s in a.only if s not in ("memory", "cluster", "spark", "aof")]
             if load_scenarios:
-                d: Server | None = disque_server(work, server_cpus)
-                r: Server | None = redis_server(work, server_cpus)
+                r = redis_server(work, server_cpus)
+                lineup: Lineup = [("disque", disque_server(work, server_cpus)), ("redis", r)]
+                if original_cmd:
+                    lineup.append(("original", disque_server(work, server_cpus, original_cmd,
+                                                             "original")))
                 try:
-                    assert r is not None and d is not None
                     r.start()
-                    try:
-                        d.start()
-                    except RuntimeError as exc:
-                        disque_error = str(exc)
-                        _say(f"disque-py did not start; running the redis half only:\n{exc}")
-                        d.stop()
-                        d = None
-                    versions = {"disque": _server_version(d, ("disque_version",
-                                                              "redis_version")),
-                                "redis": _server_version(r, ("redis_version",))}
-                    _say(f"disque on port {d.port if d else '-'}, redis-server "
-                         f"{versions['redis']} on port {r.port}")
+                    for i, (flavor, server) in enumerate(lineup):
+                        if server is None or flavor == "redis":
+                            continue
+                        try:
+                            server.start()
+                        except RuntimeError as exc:
+                            if flavor == "disque":
+                                disque_error = str(exc)
+                            else:
+                                original_error = str(exc)
+                            _say(f"{flavor} did not start; running without it:\n{exc}")
+                            server.stop()
+                            lineup[i] = (flavor, None)
+                    servers = dict(lineup)
+                    versions = {flavor: _server_version(server, ("disque_version",
+                                                                 "redis_version"))
+                                for flavor, server in lineup}
+                    _say(", ".join(f"{flavor} {versions[flavor] or '?'} on port "
+                                   f"{server.port if server else '-'}"
+                                   for flavor, server in lineup))
                     if "ping" in load_scenarios:
-                        rows += scenario_ping(d, r, o)
+                        rows += scenario_ping(lineup, o)
                     if "addjob" in load_scenarios:
-                        rows += scenario_addjob(d, r, o)
+                        rows += scenario_addjob(lineup, o)
                     if "getjob" in load_scenarios:
-                        rows += scenario_getjob(d, r, o)
+                        rows += scenario_getjob(lineup, o)
                     if "e2e" in load_scenarios:
-                        e2e_rows, e2e_raw = scenario_e2e(d, r, o)
+                        e2e_rows, e2e_raw = scenario_e2e(lineup, o)
                         rows += e2e_rows
+                    d = servers["disque"]
                     if d is not None and not d.alive():
                         disque_error = f"disque-py died during the run:\n{d.log_tail()}"
                         _say(disque_error)
                 finally:
-                    for s in (d, r):
-                        if s is not None:
-                            s.stop()
+                    for _, server in lineup:
+                        if server is not None:
+                            server.stop()
             if "cluster" in a.only:
-                rows += scenario_cluster(work, server_cpus, o, e2e_raw)
+                rows += scenario_cluster(work, server_cpus, o, e2e_raw, original_cmd)
             if "memory" in a.only:
-                memory = scenario_memory(work, server_cpus, o, want_disque=disque_error is None)
+                memory = scenario_memory(work, server_cpus, o, want_disque=disque_error is None,
+                                         original_cmd=original_cmd)
                 if "error" in memory.get("disque", {}) and disque_error is None:
                     disque_error = memory["disque"]["error"]
+                if "error" in memory.get("original", {}) and original_error is None:
+                    original_error = memory["original"]["error"]
+                if "original" in memory:
+                    memory["py_over_original"] = memory_ratios(memory, "original")
             if "aof" in a.only:
                 from benchmarks.aof import AofOptions, scenario_aof
                 aof_rows, aof = scenario_aof(work, server_cpus, o, AofOptions(
@@ -890,15 +990,19 @@ def main(argv: list[str] | None = None) -> int:
                     "cpu_busy_before": busy, "loadavg_start": load_start,
                     "loadavg_end": os.getloadavg()},
         "versions": versions,
-        "options": asdict(o) | {"only": a.only, "quick": a.quick},
+        "options": asdict(o) | {"only": a.only, "quick": a.quick,
+                                "disque_cmd": original_cmd},
         "rows": [{"key": row.key, "label": row.label, "ratio": row.ratio,
-                  "disque": asdict(row.disque), "redis": asdict(row.redis)} for row in rows],
+                  "disque": asdict(row.disque), "redis": asdict(row.redis)}
+                 | ({"original": asdict(row.original), "original_ratio": row.original_ratio}
+                    if row.original is not None else {}) for row in rows],
         "e2e": e2e_raw,
         "memory": memory,
         "spark": spark,
         "aof": aof,
         "targets": targets,
         "disque_error": disque_error,
+        "original_error": original_error,
         "harness_error": harness_error,
     }
     out_dir = Path(a.results_dir)
@@ -908,7 +1012,7 @@ def main(argv: list[str] | None = None) -> int:
     _say(f"results written to {path} ({doc['duration_s']}s)")
     if harness_error == "interrupted":
         return 130
-    return 1 if (harness_error or disque_error) else 0
+    return 1 if (harness_error or disque_error or original_error) else 0
 
 
 if __name__ == "__main__":
