@@ -60,7 +60,7 @@ def frame(obj: object) -> bytes:
 
 
 def good_fields() -> list:
-    return [1, bus.FAIL, NODE_A, b"", 7711, 17711, 0, [NODE_B]]
+    return [bus.VERSION, bus.FAIL, NODE_A, b"", 7711, 17711, 0, [NODE_B]]
 
 
 # ---------------------------------------------------------------------------- round trips
@@ -104,6 +104,45 @@ def test_encode_many_and_decoder_count_messages_and_bytes_per_type() -> None:
     assert sent.total_sent() == 3 and received.total_received() == 3
 
 
+def _job_id(i: int) -> bytes:
+    return b"D-aaaaaaaa-%024d-05a1" % i
+
+
+def _record(i: int) -> bus.JobRecord:
+    return bus.JobRecord(_job_id(i), b"q", b"body%d" % i, 3, 5000, i, 0, 30, 0, 0,
+                         (NODE_A, NODE_B))
+
+
+def test_runs_of_job_messages_share_one_frame_and_decode_in_order() -> None:
+    h = header()
+    msgs: list[bus.Message] = [bus.ReplJob(h, _record(i), False) for i in range(50)]
+    msgs += [bus.ReplJob(h, _record(50), True)]  # another noreply: a new frame
+    msgs += [bus.GotJob(h, _job_id(i)) for i in range(30)]
+    msgs += [Fail(h, NODE_B)]
+    msgs += [bus.SetAck(h, _job_id(i), 3) for i in range(10)]
+    msgs += [bus.SetAck(h, _job_id(99), 2)]  # another aux: a new frame
+    msgs += [bus.GotJob(h, _job_id(i)) for i in range(5)]  # not merged across the FAIL
+    sent, received = BusStats(), BusStats()
+    blob = encode_many(msgs, stats=sent)
+    decoder = FrameDecoder(stats=received)
+    assert decoder.feed(blob) == msgs
+    frames = 0
+    pos = 0
+    while pos < len(blob):
+        pos += 4 + struct.unpack_from(">I", blob, pos)[0]
+        frames += 1
+    assert frames == 7
+    assert sent.msgs_sent == received.msgs_received == {bus.REPLJOB: 51, bus.GOTJOB: 35,
+                                                        bus.FAIL: 1, bus.SETACK: 11}
+    assert sum(sent.bytes_sent.values()) == len(blob) == sum(received.bytes_received.values())
+
+
+def test_a_batched_frame_is_smaller_than_its_messages_one_by_one() -> None:
+    h = header()
+    msgs = [bus.GotJob(h, _job_id(i)) for i in range(100)]
+    assert len(encode_many(msgs)) < len(b"".join(m.encode() for m in msgs)) / 2
+
+
 def test_header_is_packed_once_and_reused() -> None:
     h = header()
     Ping(h, []).encode()
@@ -115,7 +154,7 @@ def test_header_is_packed_once_and_reused() -> None:
 def test_wire_form_is_an_array_led_by_version_and_type() -> None:
     entry = GossipEntry(NODE_B, b"10.0.0.2", 7712, 17712, 2, 5, 6)
     data = Ping(Header(NODE_A, b"1.2.3.4", 7711, 17711, 32), [entry]).encode()
-    assert msgpack.unpackb(data[4:]) == [1, bus.PING, NODE_A, b"1.2.3.4", 7711, 17711, 32,
+    assert msgpack.unpackb(data[4:]) == [bus.VERSION, bus.PING, NODE_A, b"1.2.3.4", 7711, 17711, 32,
                                          [[NODE_B, b"10.0.0.2", 7712, 17712, 2, 5, 6]]]
 
 
@@ -127,29 +166,37 @@ def test_type_numbers_are_the_originals_and_job_types_are_reserved() -> None:
 
 
 # ---------------------------------------------------------------------------- bad input
+V = bus.VERSION
+
+
 @pytest.mark.parametrize("fields, reason", [
-    ([2, *good_fields()[1:]], "version"),
-    ([1, 99, *good_fields()[2:]], "unknown"),
+    ([V + 1, *good_fields()[1:]], "version"),
+    ([V, 99, *good_fields()[2:]], "unknown"),
     ([True, *good_fields()[1:]], "version"),
-    ([1, True, *good_fields()[2:]], "unknown"),
+    ([V, True, *good_fields()[2:]], "unknown"),
     (good_fields()[:7], "8-element"),
     ([*good_fields(), 0], "8-element"),
     ({"type": 3}, "8-element"),
-    ([1, bus.FAIL, b"A" * 40, *good_fields()[3:]], "node ID"),
-    ([1, bus.FAIL, b"a" * 39, *good_fields()[3:]], "node ID"),
-    ([1, bus.FAIL, "a" * 40, *good_fields()[3:]], "node ID"),
-    ([1, bus.FAIL, NODE_A, b"has space", *good_fields()[4:]], "IP"),
-    ([1, bus.FAIL, NODE_A, b"", 70000, 17711, 0, [NODE_B]], "port"),
-    ([1, bus.FAIL, NODE_A, b"", -1, 17711, 0, [NODE_B]], "port"),
-    ([1, bus.FAIL, NODE_A, b"", 7711, 17711, -5, [NODE_B]], "integer"),
-    ([1, bus.FAIL, NODE_A, b"", 7711, 17711, 1.5, [NODE_B]], "integer"),
-    ([1, bus.FAIL, NODE_A, b"", 7711, 17711, 0, NODE_B], "payload"),
-    ([1, bus.FAIL, NODE_A, b"", 7711, 17711, 0, []], "FAIL payload"),
-    ([1, bus.FAIL, NODE_A, b"", 7711, 17711, 0, [NODE_B, NODE_B]], "FAIL payload"),
-    ([1, bus.PING, NODE_A, b"", 7711, 17711, 0, [[NODE_B]]], "gossip"),
-    ([1, bus.PING, NODE_A, b"", 7711, 17711, 0, [[NODE_B, b"", 1, 2, 3, 4, "x"]]], "integer"),
-    ([1, bus.AUTH_RESPONSE, NODE_A, b"", 7711, 17711, 0, [b"short"]], "digest"),
-    ([1, bus.AUTH_CHALLENGE, NODE_A, b"", 7711, 17711, 0, [b"x"]], "nonce"),
+    ([V, bus.FAIL, b"A" * 40, *good_fields()[3:]], "node ID"),
+    ([V, bus.FAIL, b"a" * 39, *good_fields()[3:]], "node ID"),
+    ([V, bus.FAIL, "a" * 40, *good_fields()[3:]], "node ID"),
+    ([V, bus.FAIL, NODE_A, b"has space", *good_fields()[4:]], "IP"),
+    ([V, bus.FAIL, NODE_A, b"", 70000, 17711, 0, [NODE_B]], "port"),
+    ([V, bus.FAIL, NODE_A, b"", -1, 17711, 0, [NODE_B]], "port"),
+    ([V, bus.FAIL, NODE_A, b"", 7711, 17711, -5, [NODE_B]], "integer"),
+    ([V, bus.FAIL, NODE_A, b"", 7711, 17711, 1.5, [NODE_B]], "integer"),
+    ([V, bus.FAIL, NODE_A, b"", 7711, 17711, 0, NODE_B], "payload"),
+    ([V, bus.FAIL, NODE_A, b"", 7711, 17711, 0, []], "FAIL payload"),
+    ([V, bus.FAIL, NODE_A, b"", 7711, 17711, 0, [NODE_B, NODE_B]], "FAIL payload"),
+    ([V, bus.PING, NODE_A, b"", 7711, 17711, 0, [[NODE_B]]], "gossip"),
+    ([V, bus.PING, NODE_A, b"", 7711, 17711, 0, [[NODE_B, b"", 1, 2, 3, 4, "x"]]], "integer"),
+    ([V, bus.AUTH_RESPONSE, NODE_A, b"", 7711, 17711, 0, [b"short"]], "digest"),
+    ([V, bus.AUTH_CHALLENGE, NODE_A, b"", 7711, 17711, 0, [b"x"]], "nonce"),
+    ([V, bus.GOTJOB, NODE_A, b"", 7711, 17711, 0, [[], 0]], "job list"),
+    ([V, bus.GOTJOB, NODE_A, b"", 7711, 17711, 0, [b"D" * 40, 0]], "job list"),
+    ([V, bus.GOTJOB, NODE_A, b"", 7711, 17711, 0, [[b"D" * 40, b"x"], 0]], "job id"),
+    ([V, bus.REPLJOB, NODE_A, b"", 7711, 17711, 0, [[], False]], "job list"),
+    ([V, bus.REPLJOB, NODE_A, b"", 7711, 17711, 0, [[[1]], False]], "job record"),
 ])
 def test_invalid_messages_are_protocol_errors(fields: object, reason: str) -> None:
     with pytest.raises(BusProtocolError, match=reason):
@@ -260,7 +307,7 @@ def test_auth_messages_carry_nonce_and_digest() -> None:
 def _repljob_fields(ttl_ms: int, delay: int, retry: int) -> list:
     rec = [b"D-aaaaaaaa-" + b"x" * 24 + b"-05a1", b"q", b"body", 2, ttl_ms, 1, delay, retry,
            0, 0, [NODE_A]]
-    return [1, bus.REPLJOB, NODE_A, b"", 7711, 17711, 0, [rec, False]]
+    return [bus.VERSION, bus.REPLJOB, NODE_A, b"", 7711, 17711, 0, [[rec], False]]
 
 
 @pytest.mark.parametrize("ttl_ms, delay, retry, want", [
