@@ -212,7 +212,13 @@ class Client(asyncio.Protocol):
             else:
                 execute(self, argv)
             if self.waiter is not None:
-                self.pending = reqs[i + 1:]
+                rest = reqs[i + 1:]
+                if rest and self.reply_mode == REPLY_ON:
+                    # pipelined ADDJOBs behind a blocked one start now (BlockedAddJob.absorb)
+                    absorb = getattr(self.waiter, "absorb", None)
+                    if absorb is not None:
+                        rest = absorb(self, rest)
+                self.pending = rest
                 return
             if self.closing:
                 return

@@ -91,86 +91,262 @@ def _ranged(value: bytes, lo: int, hi: int | None, message: str) -> int:
     return v
 
 
-@command("addjob", -4, "write denyoom fast")
-def cmd_addjob(c: Any, argv: list[bytes]) -> None:
-    replicate = ttl = retry = maxlen = dedup = None
-    delay = 0
-    async_ = False
-    n = len(argv)
-    i = 4
-    while i < n:
+class AddJobOptions:
+    """ADDJOB's options after the timeout (ADDJOBS: the same, before JOBS)."""
+
+    __slots__ = ("replicate", "ttl", "retry", "delay", "maxlen", "dedup", "async_",
+                 "with_dedup")
+
+    def __init__(self) -> None:
+        self.replicate: int | None = None
+        self.ttl: int | None = None
+        self.retry: int | None = None
+        self.delay = 0
+        self.maxlen: int | None = None
+        self.dedup: bytes | None = None
+        self.async_ = False
+        self.with_dedup = False  # ADDJOBS WITHDEDUP: a DEDUP key before every body
+
+
+def parse_addjob_options(argv: list[bytes], i: int, end: int, batch: bool = False
+                         ) -> AddJobOptions:
+    """Options argv[i:end], in the checklist's order of checks and texts."""
+    o = AddJobOptions()
+    while i < end:
         opt = argv[i].lower()
         if opt == b"async":
-            async_ = True
+            o.async_ = True
             i += 1
             continue
+        if batch and opt == b"withdedup":
+            o.with_dedup = True
+            i += 1
+            continue
+        if i + 1 >= end:
+            raise syntax()
+        value = argv[i + 1]
         if opt == b"replicate":
-            replicate = _ranged(_opt_value(argv, i), 1, 65535,
-                                "REPLICATE must be between 1 and 65535")
+            o.replicate = _ranged(value, 1, 65535, "REPLICATE must be between 1 and 65535")
         elif opt == b"ttl":
-            ttl = _ranged(_opt_value(argv, i), 1, None, "TTL must be a number > 0")
-            if ttl > MAX_JOB_SECONDS:
+            o.ttl = _ranged(value, 1, None, "TTL must be a number > 0")
+            if o.ttl > MAX_JOB_SECONDS:
                 raise err(f"TTL must be at most {MAX_JOB_SECONDS} seconds (10 years)")
         elif opt == b"retry":
-            retry = _ranged(_opt_value(argv, i), 0, None,
-                            "RETRY time must be a non negative number")
-            if retry > MAX_JOB_SECONDS:
+            o.retry = _ranged(value, 0, None, "RETRY time must be a non negative number")
+            if o.retry > MAX_JOB_SECONDS:
                 raise err(f"RETRY time must be at most {MAX_JOB_SECONDS} seconds (10 years)")
         elif opt == b"delay":
-            delay = _ranged(_opt_value(argv, i), 0, None,
-                            "DELAY time must be a non negative number")
+            o.delay = _ranged(value, 0, None, "DELAY time must be a non negative number")
         elif opt == b"maxlen":
-            maxlen = _ranged(_opt_value(argv, i), 1, None, "MAXLEN must be a positive number")
-        elif opt == b"dedup":
-            dedup = _opt_value(argv, i)
-            if not dedup or len(dedup) > 512:
+            o.maxlen = _ranged(value, 1, None, "MAXLEN must be a positive number")
+        elif opt == b"dedup" and not batch:
+            if not value or len(value) > 512:
                 raise err("DEDUP key must be 1 to 512 bytes")
+            o.dedup = value
         else:
             raise syntax()
         i += 2
-    timeout = 0 if argv[3] == b"0" else timeout_arg(argv[3])
+    return o
+
+
+def add_one_job(c: Any, queue: bytes, body: bytes, timeout: int, o: AddJobOptions,
+                dedup: bytes | None) -> bytes | BlockedAddJob:
+    """One ADDJOB: its reply, or the waiter of a synchronous replication in flight (the
+    caller parks the client on it). CommandError for a refused job."""
     node = c.node
     if dedup is not None:
-        known = node.dedup_lookup(argv[1], dedup)
+        known = node.dedup_lookup(queue, dedup)
         if known is not None:  # a retry of an ADDJOB this node already took
-            waiter = BlockedAddJob(c, argv[1], dedup)
+            waiter = BlockedAddJob(c, queue, dedup)
             if node.join_replication(known, waiter):  # still waiting for its copies
-                c.block(waiter)
-                return
-            c.out.append(b"+%b\r\n" % known)
-            return
-    job = node.add_job(argv[1], argv[2], timeout, replicate, ttl, retry, delay, maxlen, async_)
+                return waiter
+            return b"+%b\r\n" % known
+    job = node.add_job(queue, body, timeout, o.replicate, o.ttl, o.retry, o.delay, o.maxlen,
+                       o.async_)
     if dedup is not None:
-        node.dedup_remember(argv[1], dedup, job)
+        node.dedup_remember(queue, dedup, job)
     if job.state == WAIT_REPL:
-        waiter = BlockedAddJob(c, argv[1], dedup)
+        waiter = BlockedAddJob(c, queue, dedup)
         node.wait_replication(job, waiter, timeout)
-        c.block(waiter)
-        return
-    c.out.append(b"+%b\r\n" % job.id)
+        return waiter
+    return b"+%b\r\n" % job.id
+
+
+@command("addjob", -4, "write denyoom fast")
+def cmd_addjob(c: Any, argv: list[bytes]) -> None:
+    o = parse_addjob_options(argv, 4, len(argv))
+    timeout = 0 if argv[3] == b"0" else timeout_arg(argv[3])
+    res = add_one_job(c, argv[1], argv[2], timeout, o, o.dedup)
+    if type(res) is bytes:
+        c.out.append(res)
+    else:
+        c.block(res)
+
+
+@command("addjobs", -5, "write denyoom")
+def cmd_addjobs(c: Any, argv: list[bytes]) -> None:
+    """ADDJOBS queue ms-timeout [options] [WITHDEDUP] JOBS body [body ...]: many jobs with
+    the same options, replicated together; one reply per job, in order (its ID, or its
+    error). With WITHDEDUP the arguments after JOBS are `dedup-key body` pairs."""
+    n = len(argv)
+    jobs_at = 3
+    while jobs_at < n and argv[jobs_at].lower() != b"jobs":
+        jobs_at += 1  # (an option value equal to JOBS is not supported: none can be)
+    if jobs_at >= n - 1:
+        raise syntax()
+    o = parse_addjob_options(argv, 3, jobs_at, batch=True)
+    timeout = 0 if argv[2] == b"0" else timeout_arg(argv[2])
+    items = argv[jobs_at + 1:]
+    if o.with_dedup:
+        if len(items) % 2:
+            raise err("WITHDEDUP needs a DEDUP key before every body")
+        for key in items[0::2]:
+            if not key or len(key) > 512:
+                raise err("DEDUP key must be 1 to 512 bytes")
+    queue = argv[1]
+    group = AddJobGroup(c, array_len(len(items) // 2 if o.with_dedup else len(items)))
+    step = 2 if o.with_dedup else 1
+    maxlen = o.maxlen
+    node = c.node
+    for k in range(0, len(items), step):
+        try:
+            if maxlen is not None and _batch_qlen(node, queue, group) >= maxlen:
+                # MAXLEN counts this batch's jobs still waiting for their copies too
+                raise CommandError("MAXLEN", "Queue is already longer than the specified "
+                                             "MAXLEN count")
+            if o.with_dedup:
+                res = add_one_job(c, queue, items[k + 1], timeout, o, items[k])
+            else:
+                res = add_one_job(c, queue, items[k], timeout, o, None)
+        except CommandError as exc:
+            res = exc.resp()
+        if type(res) is bytes:
+            group.add_reply(res)
+        else:
+            group.add_waiter(res)
+    group.seal(c)
 
 
 class BlockedAddJob(ReplWaiter):
-    """A synchronous ADDJOB waiting for its copies (GOTJOB from enough nodes)."""
+    """A synchronous ADDJOB waiting for its copies (GOTJOB from enough nodes). Its reply
+    goes to the client, or to its slot of an `AddJobGroup`."""
 
     def __init__(self, client: Any, queue: bytes, dedup: bytes | None) -> None:
         self.client = client
         self.queue = queue
         self.dedup = dedup
+        self.group: AddJobGroup | None = None
+        self.slot = 0
+
+    def answer(self, reply: bytes) -> None:
+        group = self.group
+        if group is not None:
+            group.fill(self.slot, reply)
+        else:
+            self.client.unblocked(reply)
 
     def on_added(self, job_id: bytes) -> None:
-        self.client.unblocked(b"+%b\r\n" % job_id)
+        self.answer(b"+%b\r\n" % job_id)
 
     def on_error(self, error: CommandError) -> None:
         if self.dedup is not None and self.node is not None:
             self.node.dedup_forget(self.queue, self.dedup, self.job_id)
-        self.client.unblocked(error.resp())
+        self.answer(error.resp())
 
     def cancel(self) -> None:
         node = self.node
         if node is not None and node.cancel_replication(self.job_id, self) \
                 and self.dedup is not None:
             node.dedup_forget(self.queue, self.dedup, self.job_id)
+
+    def absorb(self, c: Any, reqs: list[list[bytes]]) -> list[list[bytes]]:
+        """The client pipelined more ADDJOBs behind this blocked one: start them now, so
+        that their copies travel in the same bus frames, and answer them all together, in
+        order, once every one is answered. What they reply is what one-by-one execution
+        would reply, with one exception, excluded here: MAXLEN counts queued jobs, and a
+        job waiting for its copies is not queued yet, so an ADDJOB with MAXLEN (and what
+        follows it) still waits its turn. Returns the requests left for later."""
+        server = c.server
+        lookup = server.lookup
+        group: AddJobGroup | None = None
+        k = 0
+        for argv in reqs:
+            cmd = lookup.get(argv[0]) or lookup.get(argv[0].lower())
+            if cmd is None or cmd.handler is not cmd_addjob or _has_maxlen(argv):
+                break
+            if group is None:
+                group = AddJobGroup(c, b"")
+                group.add_waiter(self)
+            c.waiter = None
+            mark = len(c.out)
+            server.execute(c, argv)
+            waiter = c.waiter
+            if waiter is not None:
+                group.add_waiter(waiter)
+            else:
+                group.add_reply(b"".join(c.out[mark:]))
+                del c.out[mark:]
+            k += 1
+        if group is not None:
+            c.waiter = None
+            group.seal(c)
+        return reqs[k:]
+
+
+def _batch_qlen(node: Any, queue: bytes, group: AddJobGroup) -> int:
+    q = node.lookup_queue(queue)
+    return (len(q.jobs) if q is not None else 0) + group.waiting
+
+
+def _has_maxlen(argv: list[bytes]) -> bool:
+    return any(len(a) == 6 and a.lower() == b"maxlen" for a in argv[4:])
+
+
+class AddJobGroup:
+    """The replies of several synchronous ADDJOBs of one client (ADDJOBS, or pipelined
+    ADDJOBs), in order: the client is answered once, when the last one is decided."""
+
+    __slots__ = ("client", "head", "slots", "waiters", "waiting")
+
+    def __init__(self, client: Any, head: bytes) -> None:
+        self.client = client
+        self.head = head  # ADDJOBS: the array header
+        self.slots: list[bytes | None] = []
+        self.waiters: list[BlockedAddJob] = []
+        self.waiting = 0
+
+    def add_reply(self, reply: bytes) -> None:
+        self.slots.append(reply)
+
+    def add_waiter(self, waiter: BlockedAddJob) -> None:
+        waiter.group = self
+        waiter.slot = len(self.slots)
+        self.slots.append(None)
+        self.waiters.append(waiter)
+        self.waiting += 1
+
+    def seal(self, c: Any) -> None:
+        """Every job of the group is in: answer now, or park the client until the last
+        copy is confirmed."""
+        if self.waiting:
+            c.block(self)
+        else:
+            c.out.append(self.head + b"".join(self.slots))  # type: ignore[arg-type]
+
+    def fill(self, slot: int, reply: bytes) -> None:
+        if self.slots[slot] is not None:
+            return
+        self.slots[slot] = reply
+        self.waiting -= 1
+        if not self.waiting and self.client is not None:
+            self.client.unblocked(self.head + b"".join(self.slots))  # type: ignore[arg-type]
+
+    def cancel(self) -> None:
+        """The client went away: every job still waiting for its copies is deleted."""
+        for w in self.waiters:
+            if self.slots[w.slot] is None:
+                w.cancel()
+        self.waiters = []
 
 
 # ---------------------------------------------------------------------------- GETJOB
