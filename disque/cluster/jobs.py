@@ -44,6 +44,7 @@ from disque.cluster.messages import (
     WillQueue,
     WorkingJob,
     YourJobs,
+    new_record,
 )
 from disque.jobs.job import (
     ACKED,
@@ -57,7 +58,6 @@ from disque.jobs.job import (
 )
 from disque.protocol.errors import CommandError, leaving
 from disque.queues.queue import PAUSE_IN, PAUSE_OUT, Queue
-from disque.timers import Timer
 
 REPL_RETRY_MS = 50  # one more target every 50 ms while a sync ADDJOB is short
 WILLQUEUE_ADVANCE_MS = 500
@@ -99,38 +99,46 @@ class ReplWaiter:
 
 
 class Replication:
-    """A job waiting for synchronous replication."""
+    """A job waiting for synchronous replication. It is its own timer-wheel entry: one
+    wake-up at the earlier of the next retry tick and the timeout."""
 
-    __slots__ = ("job", "waiter", "followers", "external", "timeout", "tick")
+    __slots__ = ("job", "waiter", "followers", "external", "node", "deadline", "next_tick",
+                 "awake")
 
-    def __init__(self, job: Job, waiter: ReplWaiter, external: bool) -> None:
+    def __init__(self, job: Job, waiter: ReplWaiter, external: bool, node: Any = None) -> None:
         self.job = job
         self.waiter = waiter
         self.followers: list[ReplWaiter] = []  # DEDUP retries of the same ADDJOB
         self.external = external
-        self.timeout: Timer | None = None
-        self.tick: Timer | None = None
+        self.node = node
+        self.deadline = 0  # ms: the ADDJOB timeout (0: none)
+        self.next_tick = 0  # ms: one more target then, while short
+        self.awake = 0
+
+    def callback(self, now: int) -> None:
+        """Called by the node's timer wheel (see Node.tick)."""
+        self.node.repl_wake(self, now)
 
     def added(self, job_id: bytes) -> None:
-        for w in [self.waiter, *self.followers]:
+        self.waiter.on_added(job_id)
+        for w in self.followers:
             w.on_added(job_id)
 
     def failed(self, error: CommandError) -> None:
-        for w in [self.waiter, *self.followers]:
+        self.waiter.on_error(error)
+        for w in self.followers:
             w.on_error(error)
 
     def cancel(self) -> None:
-        for timer in (self.timeout, self.tick):
-            if timer is not None:
-                timer.cancel()
-        self.timeout = self.tick = None
+        self.awake = 0
 
 
 def job_record(job: Job, now: int) -> JobRecord:
     """A job as it travels on the bus (expiry relative to the sender's clock)."""
-    return JobRecord(job.id, job.queue or b"", job.body or b"", job.repl,
-                     max(0, job.etime - now), job.ctime, job.delay, job.retry, job.nacks,
-                     job.deliveries, job.delivered)
+    ttl = job.etime - now
+    return new_record(JobRecord, (job.id, job.queue or b"", job.body or b"", job.repl,
+                                  ttl if ttl > 0 else 0, job.ctime, job.delay, job.retry,
+                                  job.nacks, job.deliveries, job.delivered))
 
 
 def job_from_record(rec: JobRecord, now: int) -> Job:
@@ -220,17 +228,31 @@ class ClusterJobs:
 
     def wait_replication(self, job: Job, waiter: ReplWaiter, timeout_ms: int) -> None:
         """Park the ADDJOB client until the job is replicated, times out, or goes."""
-        external = self.myself not in job.delivered
-        rep = Replication(job, waiter, external)
+        rep = Replication(job, waiter, self.myself not in job.delivered, self)
         waiter.node = self
         waiter.job_id = job.id
         self.replicating[job.id] = rep
         now = self.clock()
+        rep.next_tick = now + REPL_RETRY_MS
         if timeout_ms:
-            rep.timeout = Timer(lambda t, jid=job.id: self.repl_timeout(jid))
-            self.wheel.schedule(rep.timeout, now + timeout_ms)
-        rep.tick = Timer(lambda t, jid=job.id: self.repl_tick(jid))
-        self.wheel.schedule(rep.tick, now + REPL_RETRY_MS)
+            rep.deadline = now + timeout_ms
+        self.wheel.schedule(rep, rep.next_tick if not timeout_ms or timeout_ms > REPL_RETRY_MS
+                            else rep.deadline)
+
+    def repl_wake(self, rep: Replication, now: int) -> None:
+        """The wheel woke a replication: time out, or one more retry tick."""
+        if self.replicating.get(rep.job.id) is not rep:
+            return
+        if rep.deadline and now >= rep.deadline:
+            self.repl_timeout(rep.job.id)
+            return
+        if now >= rep.next_tick:
+            self.repl_tick(rep.job.id)
+            rep.next_tick = now + REPL_RETRY_MS
+        when = rep.next_tick
+        if rep.deadline and rep.deadline < when:
+            when = rep.deadline
+        self.wheel.schedule(rep, when)
 
     def repl_tick(self, job_id: bytes) -> None:
         """TIMER every 50 ms while short of the replication factor: add one more reachable
@@ -251,8 +273,6 @@ class ClusterJobs:
                 self.send(n, ReplJob(self.header(), rec, False))
             elif added:
                 self.send(n, ReplJob(self.header(), rec, True))
-        rep.tick = Timer(lambda t, jid=job_id: self.repl_tick(jid))
-        self.wheel.schedule(rep.tick, now + REPL_RETRY_MS)
 
     def repl_timeout(self, job_id: bytes) -> None:
         rep = self.replicating.pop(job_id, None)
@@ -326,20 +346,26 @@ class ClusterJobs:
     def on_repljob(self, sender: bytes, msg: ReplJob) -> None:
         """ON RECV REPLJOB: hold a copy (or merge `delivered`) and confirm with GOTJOB."""
         rec = msg.job
-        if self.memory_level() > 0 or self.leaving:
+        if self.leaving or (self.maxmemory and self.memory_level() > 0):
             return  # refused: no GOTJOB, the sender will try another node
         q = self.lookup_queue(rec.queue)
         if q is not None and q.paused & PAUSE_IN:
             return
-        now = self.clock()
         job = self.lookup_job(rec.id)
         if job is not None:
             merged = job.delivered + tuple(n for n in rec.delivered if n not in job.delivered)
             job.delivered = merged
         else:
-            job = job_from_record(rec, now)
-            if self.myself not in job.delivered:
-                job.delivered = job.delivered + (self.myself,)
+            now = self.clock()
+            delivered = rec.delivered
+            if self.myself not in delivered:
+                delivered = delivered + (self.myself,)
+            # job_from_record, inlined (the replica's hot path); the queue name is shared
+            job = Job(rec.id, q.name if q is not None else rec.queue, rec.body, rec.repl,
+                      rec.ctime, now + rec.ttl_ms, rec.delay, rec.retry, delivered)
+            job.nacks = rec.nacks
+            job.deliveries = rec.deliveries
+            job.state = ACTIVE
             if job.retry:
                 job.qtime = (now + (job.delay + job.retry) * 1000
                              + int(self._random() * 500) - 250)
