@@ -533,6 +533,15 @@ class Membership:
                     self._connect(sender, now)
             elif sender is not None:
                 self._update_address(sender, h.ip or peer_ip, h.port, h.bus_port)
+                if (sender.out_link is None and not sender.connecting
+                        and not sender.bits & NOADDR):
+                    # It pings us, so it is up again (a restart): connect back now rather
+                    # than at the next tick after the reconnect backoff (up to 1.1 s), so
+                    # its PONG clears PFAIL/FAIL and the job layer sees it within a round
+                    # trip of its first PING.
+                    sender.retries = 0
+                    sender.retry_at = 0
+                    self._connect(sender, now)
             self.outbox.append(Send(link, Pong(self.header, self._gossip(sender))))
             if sender is not None:
                 self._sender_flags(sender, h.flags)

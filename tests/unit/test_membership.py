@@ -457,6 +457,32 @@ def test_a_connect_that_never_succeeds_ends_in_pfail() -> None:
     assert node.flags == ["fail?"] and node.link == "disconnected"
 
 
+def test_a_ping_from_a_node_we_cannot_connect_to_reconnects_at_once() -> None:
+    """A restarted node pings us before our reconnect backoff expires: we connect back at
+    once (no wait for the next tick and its backoff), and its PONG clears FAIL."""
+    m, clock = make(node_timeout=1000)
+    out = add_peer(m, A)
+    node = m.get(A)
+    assert node is not None
+    m.link_closed(out)
+    start = clock.now
+    while clock.now <= start + 3000:  # down: connects fail, the backoff grows, it fails
+        clock.now += 100
+        m.tick()
+        for c in of(m.drain(), Connect):
+            m.connect_failed(c.token)
+    node.bits |= FAIL
+    assert node.retry_at > clock.now and node.link == "disconnected"
+    m.link_message(Link("in-A2"), Ping(hdr(A), []), ADDR[A])
+    (connect,) = of(m.drain(), Connect)
+    again = Link("out-A2")
+    m.link_connected(again, connect.token)
+    assert sends(m.drain(), Ping)
+    m.link_message(again, Pong(hdr(A), []), ADDR[A])
+    m.drain()
+    assert node.flags == [] and A in m.reachable()
+
+
 def test_about_once_a_second_the_node_with_the_oldest_pong_is_pinged() -> None:
     m, clock = make(node_timeout=60_000)
     links = {x: add_peer(m, x) for x in (A, B, C)}
