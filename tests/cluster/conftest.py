@@ -10,6 +10,8 @@ node that was killed and restarted is simply asked again.
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import socket
 import threading
 import time
@@ -298,3 +300,19 @@ def forward() -> Iterator[Callable[[tuple[str, int], tuple[str, int]], Forwarder
     finally:
         for f in made:
             f.close()
+
+
+# ---------------------------------------------------------------------------- SIGSTOP
+@contextlib.contextmanager
+def frozen(*procs: DisqueProcess) -> Iterator[None]:
+    """SIGSTOP the nodes for the block, SIGCONT them after it even when it fails: a frozen
+    node stays "reachable" to the others until the node timeout, and answers late."""
+    for p in procs:
+        assert p.proc is not None
+        p.proc.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for p in procs:
+            if p.alive():
+                p.proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
