@@ -16,11 +16,13 @@ How it is built (the spec's "Client libraries" section):
 - `-LEAVING` and lost connections move it to another node; a command is sent again only where
   that is safe (`calls` says which: GETJOB always, ADDJOB only if the caller allows it or it
   carries a DEDUP key).
+- `add_jobs` sends one ADDJOBS per batch, or pipelined ADDJOBs to a node that does not have
+  ADDJOBS (antirez's Disque), found out once per node (`batch`).
 - Error replies become typed exceptions (`errors`), replies typed values (`replies`).
 - `consume()` runs workers with ACK / NACK / WORKING and moves next to the producers.
 
 Modules: `calls` (what each command sends and how its reply is read), `replies`, `errors`,
-`nodes` (all pure), `sync` / `aio` (the I/O), `consumer`.
+`nodes`, `batch` (all pure), `sync` / `aio` (the I/O), `consumer`.
 """
 
 from disque.client.aio import AsyncClient

@@ -31,9 +31,9 @@ from disque.client.base import (
     ClientBase,
     ConsumeStats,
     NodesSpec,
-    chunks,
     pack_pipeline,
 )
+from disque.client.batch import AddJobsBatch
 from disque.client.calls import Call
 from disque.client.consumer import Heartbeats
 from disque.client.errors import (
@@ -252,64 +252,60 @@ class AsyncClient(ClientBase):
                        async_: bool = False, dedup_keys: Sequence[str | bytes] | None = None,
                        allow_retry: bool | None = None, batch_size: int = 1000,
                        node: Node | str | None = None) -> AddJobsResult:
-        n = len(bodies)
-        if dedup_keys is not None and len(dedup_keys) != n:
-            raise ValueError("dedup_keys must have one key per body")
-        safe = (dedup_keys is not None) if allow_retry is None else allow_retry
-        template = calls.addjob_args(queue, b"", timeout_ms, replicate=replicate, delay=delay,
-                                     retry=retry, ttl=ttl, maxlen=maxlen, async_=async_)
-        ids: list[str | None] = [None] * n
-        errors: list[DisqueError | None] = [None] * n
+        """See `Client.add_jobs`: ADDJOBS per batch, pipelined ADDJOBs without it."""
+        batch = AddJobsBatch(queue, bodies, timeout_ms, replicate=replicate, delay=delay,
+                             retry=retry, ttl=ttl, maxlen=maxlen, async_=async_,
+                             dedup_keys=dedup_keys, allow_retry=allow_retry,
+                             batch_size=batch_size, support=self.addjobs_support)
         pinned = self.resolve(node)
-        for chunk in chunks(n, batch_size):
-            commands = []
-            for i in chunk:
-                args = list(template)
-                args[2] = bodies[i]
-                if dedup_keys is not None:
-                    args += ["DEDUP", dedup_keys[i]]
-                commands.append(args)
-            await self._pipeline(commands, list(chunk), ids, errors, safe, int(timeout_ms),
-                                 pinned)
-        return AddJobsResult(ids, errors)
+        for todo in batch.chunks():
+            await self._send_batch(batch, todo, pinned)
+        return batch.result()
 
-    async def _pipeline(self, commands: list[list[Any]], index: list[int],
-                        ids: list[str | None], errors: list[DisqueError | None], safe: bool,
-                        blocking_ms: int, pinned: Node | None) -> None:
-        todo = list(range(len(commands)))
-        attempts = Attempts(self, safe, pinned)
-        timeout = self._read_timeout(blocking_ms)
+    async def _send_batch(self, batch: AddJobsBatch, todo: list[int],
+                          pinned: Node | None) -> None:
+        attempts = Attempts(self, batch.safe, pinned)
+        timeout = self._read_timeout(batch.blocking_ms)
         while todo:
             try:
                 node, pool, conn = await self._checkout(attempts)
             except DisqueConnectionError as failure:
-                for k in todo:
-                    errors[index[k]] = failure
+                batch.fail(todo, failure)
                 return
-            done = 0
+            sent = batch.round_trip(todo, node)
             try:
-                await conn.send_packed_command(
-                    pack_pipeline(conn, [commands[k] for k in todo]), check_health=False)
-                for k in todo:
+                await conn.send_packed_command(pack_pipeline(conn, [c.args for c in sent]),
+                                               check_health=False)
+                for command in sent:
                     try:
                         reply = await _read(conn, timeout)
-                        ids[index[k]] = replies.parse_id(reply)
-                        errors[index[k]] = None
-                    except ResponseError as exc:
-                        errors[index[k]] = error_from_redis(exc)
-                    done += 1
-                todo = []
+                    except (ResponseError, AuthenticationError) as exc:  # an error reply
+                        reply = error_from_redis(exc)
+                    batch.take(command, reply, node)
             except NETWORK_ERRORS as exc:
                 await conn.disconnect()
-                todo = todo[done:]
                 failure = attempts.lost(node, exc)
-                if failure is None:
-                    continue
-                for k in todo:
-                    errors[index[k]] = failure
-                return
+                if failure is not None:
+                    batch.fail(batch.pending(todo), failure)
+                    return
             finally:
                 await pool.release(conn)
+            todo = batch.pending(todo)
+
+    async def add_jobs_batch(self, queue: str | bytes, bodies: Sequence[str | bytes],
+                             timeout_ms: int = 5000, *, replicate: int | None = None,
+                             delay: int | None = None, retry: int | None = None,
+                             ttl: int | None = None, maxlen: int | None = None,
+                             async_: bool = False,
+                             dedup_keys: Sequence[str | bytes] | None = None,
+                             allow_retry: bool | None = None,
+                             node: Node | str | None = None) -> list[str | DisqueError]:
+        """See `Client.add_jobs_batch`: one ADDJOBS, an ID or an error per body."""
+        return await self._run(calls.add_jobs_batch(queue, bodies, timeout_ms,
+                                                    replicate=replicate, delay=delay,
+                                                    retry=retry, ttl=ttl, maxlen=maxlen,
+                                                    async_=async_, dedup_keys=dedup_keys,
+                                                    allow_retry=allow_retry), node)
 
     async def get_job(self, *queues: str | bytes, timeout: int | None = None,
                       count: int | None = None, nohang: bool = False,

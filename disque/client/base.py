@@ -28,7 +28,7 @@ NodesSpec = str | Iterable[str]
 
 @dataclass(slots=True)
 class AddJobsResult:
-    """Pipelined ADDJOBs: `ids[i]` is the ID of `bodies[i]`, or None with `errors[i]` set.
+    """`add_jobs`: `ids[i]` is the ID of `bodies[i]`, or None with `errors[i]` set.
     An error of type DisqueConnectionError means the reply was lost: that job may or may not
     have been added."""
 
@@ -91,6 +91,8 @@ class ClientBase:
         self.connection_kwargs = kwargs
         self.node: Node | None = None  # the node commands go to; None until connected
         self.last_hello = 0.0
+        # address -> whether the node has ADDJOBS, once a batch found out (see `batch`)
+        self.addjobs_support: dict[str, bool] = {}
 
     def __repr__(self) -> str:
         where = self.node.addr if self.node else "not connected"
@@ -104,6 +106,12 @@ class ClientBase:
     def nodes(self) -> list[Node]:
         """Every node known (seeds and what HELLO listed)."""
         return list(self.table.nodes.values())
+
+    def has_addjobs(self, node: Node | str | None = None) -> bool | None:
+        """Whether `node` (default: the current one) has ADDJOBS: None until `add_jobs`
+        sent it a batch, False for a node that answered it "unknown command"."""
+        target = self.resolve(node) if node is not None else self.node
+        return None if target is None else self.addjobs_support.get(target.addr)
 
     def read_timeout(self, blocking_ms: int | None) -> float | None:
         """Socket read timeout for a command the node may hold back `blocking_ms`
@@ -189,10 +197,6 @@ class Attempts:
             return None
         self.client._node_failed(node)
         return DisqueConnectionError(f"connection to {node.addr} lost: {exc}")
-
-
-def chunks(n: int, size: int) -> Sequence[range]:
-    return [range(i, min(i + size, n)) for i in range(0, n, size)]
 
 
 def pack_pipeline(conn: Any, commands: Sequence[Sequence[Any]]) -> Any:

@@ -11,7 +11,9 @@ Retry safety (the `safe` flag):
   ENQUEUE, DEQUEUE, PAUSE, WORKING) are safe: sending them twice has the effect of once.
 - ADDJOB is not: a reply lost after the node added the job would, if resent, add a second
   job. It is resent only when the caller allows it; with a DEDUP key a resend to the *same*
-  node answers the first job's ID instead of adding another.
+  node answers the first job's ID instead of adding another. ADDJOBS (many jobs, one
+  command) follows the same rule: safe only with a DEDUP key per body (WITHDEDUP) or when
+  the caller allows it.
 - NACK is not resent: a second NACK would count a second negative acknowledgement.
 """
 
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from disque.client import replies
+from disque.client.errors import DisqueError
 from disque.client.replies import Hello, Job
 
 T = TypeVar("T")
@@ -49,12 +52,10 @@ def _ms(name: str, value: int | float) -> int:
     return v
 
 
-def addjob_args(queue: str | bytes, body: str | bytes, timeout_ms: int = 5000, *,
-                replicate: int | None = None, delay: int | None = None,
-                retry: int | None = None, ttl: int | None = None, maxlen: int | None = None,
-                async_: bool = False, dedup: str | bytes | None = None) -> list[Any]:
-    """ADDJOB's argument list (options only when given; TTL/RETRY/DELAY in seconds)."""
-    args: list[Any] = ["ADDJOB", queue, body, _ms("timeout_ms", timeout_ms)]
+def _addjob_options(replicate: int | None, delay: int | None, retry: int | None,
+                    ttl: int | None, maxlen: int | None, async_: bool) -> list[Any]:
+    """The options ADDJOB and ADDJOBS share, only those given (TTL/RETRY/DELAY in seconds)."""
+    args: list[Any] = []
     if replicate is not None:
         args += ["REPLICATE", int(replicate)]
     if delay is not None:
@@ -67,10 +68,48 @@ def addjob_args(queue: str | bytes, body: str | bytes, timeout_ms: int = 5000, *
         args += ["MAXLEN", int(maxlen)]
     if async_:
         args.append("ASYNC")
+    return args
+
+
+def dedup_key_arg(key: str | bytes) -> str | bytes:
+    """A DEDUP key as sent; ValueError for what every node refuses."""
+    if not key or len(key) > 512:
+        raise ValueError("dedup key must be 1 to 512 bytes")
+    return key
+
+
+def addjob_args(queue: str | bytes, body: str | bytes, timeout_ms: int = 5000, *,
+                replicate: int | None = None, delay: int | None = None,
+                retry: int | None = None, ttl: int | None = None, maxlen: int | None = None,
+                async_: bool = False, dedup: str | bytes | None = None) -> list[Any]:
+    """ADDJOB's argument list (options only when given; TTL/RETRY/DELAY in seconds)."""
+    args: list[Any] = ["ADDJOB", queue, body, _ms("timeout_ms", timeout_ms)]
+    args += _addjob_options(replicate, delay, retry, ttl, maxlen, async_)
     if dedup is not None:
-        if not dedup or len(dedup) > 512:
-            raise ValueError("dedup key must be 1 to 512 bytes")
-        args += ["DEDUP", dedup]
+        args += ["DEDUP", dedup_key_arg(dedup)]
+    return args
+
+
+def addjobs_args(queue: str | bytes, bodies: Sequence[str | bytes], timeout_ms: int = 5000,
+                 *, replicate: int | None = None, delay: int | None = None,
+                 retry: int | None = None, ttl: int | None = None,
+                 maxlen: int | None = None, async_: bool = False,
+                 dedup_keys: Sequence[str | bytes] | None = None) -> list[Any]:
+    """ADDJOBS's argument list: `queue timeout [options] [WITHDEDUP] JOBS body...`, with
+    `key body` pairs after JOBS when `dedup_keys` (one per body) are given."""
+    if not bodies:
+        raise ValueError("ADDJOBS needs at least one body")
+    args: list[Any] = ["ADDJOBS", queue, _ms("timeout_ms", timeout_ms)]
+    args += _addjob_options(replicate, delay, retry, ttl, maxlen, async_)
+    if dedup_keys is None:
+        args.append("JOBS")
+        args.extend(bodies)
+        return args
+    if len(dedup_keys) != len(bodies):
+        raise ValueError("dedup_keys must have one key per body")
+    args += ["WITHDEDUP", "JOBS"]
+    for key, body in zip(dedup_keys, bodies, strict=True):
+        args += [dedup_key_arg(key), body]
     return args
 
 
@@ -84,6 +123,22 @@ def add_job(queue: str | bytes, body: str | bytes, timeout_ms: int = 5000, *,
     safe = (dedup is not None) if allow_retry is None else allow_retry
     # a synchronous ADDJOB waits for replication up to timeout_ms (0 = no limit)
     return Call(tuple(args), replies.parse_id, safe, int(timeout_ms))
+
+
+def add_jobs_batch(queue: str | bytes, bodies: Sequence[str | bytes], timeout_ms: int = 5000,
+                   *, replicate: int | None = None, delay: int | None = None,
+                   retry: int | None = None, ttl: int | None = None,
+                   maxlen: int | None = None, async_: bool = False,
+                   dedup_keys: Sequence[str | bytes] | None = None,
+                   allow_retry: bool | None = None) -> Call[list[str | DisqueError]]:
+    """One ADDJOBS -> per body its job ID or its error (`DisqueError`), in order. An error
+    of the command as a whole (syntax, unknown command on a node without ADDJOBS) raises.
+    `allow_retry` defaults to True only with `dedup_keys`."""
+    args = addjobs_args(queue, bodies, timeout_ms, replicate=replicate, delay=delay,
+                        retry=retry, ttl=ttl, maxlen=maxlen, async_=async_,
+                        dedup_keys=dedup_keys)
+    safe = (dedup_keys is not None) if allow_retry is None else allow_retry
+    return Call(tuple(args), replies.parse_addjobs, safe, int(timeout_ms))
 
 
 def get_job(queues: Sequence[str | bytes], *, timeout: int | None = None, count: int | None = None,

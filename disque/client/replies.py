@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from disque.client.errors import DisqueError, error_from_redis
+
 ID_LEN = 40
 
 
@@ -80,6 +82,14 @@ def parse_str(reply: Any) -> str:
 def parse_id(reply: Any) -> str:
     """ADDJOB's status reply (bytes in both protocols)."""
     return reply.decode("ascii") if isinstance(reply, bytes) else str(reply)
+
+
+def parse_addjobs(reply: Any) -> list[str | DisqueError]:
+    """ADDJOBS: an array with, per job, its ID (a status reply) or its error. redis-py leaves
+    an error inside an array as a `ResponseError` instance in the list (it raises only a
+    top-level one); each becomes its typed `DisqueError`."""
+    return [error_from_redis(item) if isinstance(item, Exception) else parse_id(item)
+            for item in reply]
 
 
 _BYTES_FIELDS = frozenset({"body"})

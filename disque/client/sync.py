@@ -32,9 +32,9 @@ from disque.client.base import (
     ClientBase,
     ConsumeStats,
     NodesSpec,
-    chunks,
     pack_pipeline,
 )
+from disque.client.batch import AddJobsBatch
 from disque.client.calls import Call
 from disque.client.errors import (
     DisqueConnectionError,
@@ -250,68 +250,66 @@ class Client(ClientBase):
                  dedup_keys: Sequence[str | bytes] | None = None,
                  allow_retry: bool | None = None, batch_size: int = 1000,
                  node: Node | str | None = None) -> AddJobsResult:
-        """Many ADDJOBs pipelined, `batch_size` per round trip. Never raises for one job's
-        error: see `AddJobsResult`. With `dedup_keys` (one per body) a batch whose replies
-        were lost is resent, and the node answers the IDs of the jobs it already added."""
-        n = len(bodies)
-        if dedup_keys is not None and len(dedup_keys) != n:
-            raise ValueError("dedup_keys must have one key per body")
-        safe = (dedup_keys is not None) if allow_retry is None else allow_retry
-        template = calls.addjob_args(queue, b"", timeout_ms, replicate=replicate, delay=delay,
-                                     retry=retry, ttl=ttl, maxlen=maxlen, async_=async_)
-        ids: list[str | None] = [None] * n
-        errors: list[DisqueError | None] = [None] * n
+        """Many jobs with the same options, `batch_size` per round trip: one ADDJOBS per
+        batch (replicated together), or pipelined ADDJOBs on a node without ADDJOBS (found
+        out once per node). Never raises for one job's error: see `AddJobsResult`. With
+        `dedup_keys` (one per body) a batch whose replies were lost is resent, and the node
+        answers the IDs of the jobs it already added; without them only if `allow_retry`."""
+        batch = AddJobsBatch(queue, bodies, timeout_ms, replicate=replicate, delay=delay,
+                             retry=retry, ttl=ttl, maxlen=maxlen, async_=async_,
+                             dedup_keys=dedup_keys, allow_retry=allow_retry,
+                             batch_size=batch_size, support=self.addjobs_support)
         pinned = self.resolve(node)
-        blocking = int(timeout_ms)
-        for chunk in chunks(n, batch_size):
-            commands = []
-            for i in chunk:
-                args = list(template)
-                args[2] = bodies[i]
-                if dedup_keys is not None:
-                    args += ["DEDUP", dedup_keys[i]]
-                commands.append(args)
-            self._pipeline(commands, list(chunk), ids, errors, safe, blocking, pinned)
-        return AddJobsResult(ids, errors)
+        for todo in batch.chunks():
+            self._send_batch(batch, todo, pinned)
+        return batch.result()
 
-    def _pipeline(self, commands: list[list[Any]], index: list[int], ids: list[str | None],
-                  errors: list[DisqueError | None], safe: bool, blocking_ms: int,
-                  pinned: Node | None) -> None:
-        """Send `commands` (ADDJOBs for positions `index`) in one round trip; fill ids/errors.
-        Replies lost to a broken connection are resent when `safe`, the same node first."""
-        todo = list(range(len(commands)))
-        attempts = Attempts(self, safe, pinned)
-        timeout = self.read_timeout(blocking_ms)
+    def _send_batch(self, batch: AddJobsBatch, todo: list[int], pinned: Node | None) -> None:
+        """Add bodies `todo` of `batch`, one round trip per try (see `batch` for the policy,
+        `Attempts` for where a try goes)."""
+        attempts = Attempts(self, batch.safe, pinned)
+        timeout = self.read_timeout(batch.blocking_ms)
         while todo:
             try:
                 node, pool, conn = self._checkout(attempts)
             except DisqueConnectionError as failure:
-                for k in todo:
-                    errors[index[k]] = failure
+                batch.fail(todo, failure)
                 return
-            done = 0
+            sent = batch.round_trip(todo, node)
             try:
-                conn.send_packed_command(pack_pipeline(conn, [commands[k] for k in todo]),
+                conn.send_packed_command(pack_pipeline(conn, [c.args for c in sent]),
                                          check_health=False)
-                for k in todo:
+                for command in sent:
                     try:
-                        ids[index[k]] = replies.parse_id(conn.read_response(timeout=timeout))
-                        errors[index[k]] = None
-                    except ResponseError as exc:
-                        errors[index[k]] = error_from_redis(exc)
-                    done += 1
-                todo = []
+                        reply = conn.read_response(timeout=timeout)
+                    except (ResponseError, AuthenticationError) as exc:  # an error reply
+                        reply = error_from_redis(exc)
+                    batch.take(command, reply, node)
             except NETWORK_ERRORS as exc:
                 conn.disconnect()
-                todo = todo[done:]
                 failure = attempts.lost(node, exc)
-                if failure is None:
-                    continue
-                for k in todo:
-                    errors[index[k]] = failure
-                return
+                if failure is not None:
+                    batch.fail(batch.pending(todo), failure)
+                    return
             finally:
                 pool.release(conn)
+            todo = batch.pending(todo)
+
+    def add_jobs_batch(self, queue: str | bytes, bodies: Sequence[str | bytes],
+                       timeout_ms: int = 5000, *, replicate: int | None = None,
+                       delay: int | None = None, retry: int | None = None,
+                       ttl: int | None = None, maxlen: int | None = None,
+                       async_: bool = False, dedup_keys: Sequence[str | bytes] | None = None,
+                       allow_retry: bool | None = None, node: Node | str | None = None
+                       ) -> list[str | DisqueError]:
+        """One ADDJOBS: per body its job ID or its error, in order. Raises for an error of
+        the command as a whole (e.g. "unknown command" on a node without ADDJOBS; `add_jobs`
+        falls back to ADDJOB there)."""
+        return self._run(calls.add_jobs_batch(queue, bodies, timeout_ms, replicate=replicate,
+                                              delay=delay, retry=retry, ttl=ttl,
+                                              maxlen=maxlen, async_=async_,
+                                              dedup_keys=dedup_keys,
+                                              allow_retry=allow_retry), node)
 
     def get_job(self, *queues: str | bytes, timeout: int | None = None,
                 count: int | None = None, nohang: bool = False,

@@ -12,6 +12,7 @@ from redis._parsers.base import BaseParser
 
 from disque.client import calls, errors, replies
 from disque.client.base import AddJobsResult, Attempts, ClientBase
+from disque.client.batch import AddJobsBatch
 from disque.client.consumer import Heartbeats
 from disque.client.errors import (
     BadIdError,
@@ -64,6 +65,34 @@ def test_addjob_refuses_bad_dedup_keys_and_negative_timeouts():
         calls.add_job("q", "b", dedup="x" * 513)
     with pytest.raises(ValueError):
         calls.add_job("q", "b", -1)
+
+
+def test_addjobs_sends_the_shared_options_then_the_bodies_or_key_body_pairs():
+    call = calls.add_jobs_batch("q", [b"a", "b"], 100, replicate=3, retry=5, async_=True)
+    assert call.args == ("ADDJOBS", "q", 100, "REPLICATE", 3, "RETRY", 5, "ASYNC", "JOBS",
+                         b"a", "b")
+    assert (call.safe, call.blocking_ms) == (False, 100)
+    call = calls.add_jobs_batch("q", [b"a", b"b"], 0, maxlen=7, dedup_keys=["k1", b"k2"])
+    assert call.args == ("ADDJOBS", "q", 0, "MAXLEN", 7, "WITHDEDUP", "JOBS", "k1", b"a",
+                         b"k2", b"b")
+    assert call.safe is True
+    assert calls.add_jobs_batch("q", [b"a"], dedup_keys=["k"], allow_retry=False).safe is False
+    with pytest.raises(ValueError):
+        calls.add_jobs_batch("q", [])
+    with pytest.raises(ValueError):
+        calls.add_jobs_batch("q", [b"a", b"b"], dedup_keys=["k"])
+    with pytest.raises(ValueError):
+        calls.add_jobs_batch("q", [b"a"], dedup_keys=[""])
+
+
+def test_addjobs_reply_gives_an_id_or_a_typed_error_per_job_in_both_protocols():
+    raw = (b"*3\r\n+" + JOB_ID.encode() + b"\r\n-MAXLEN Queue is already longer\r\n+"
+           + JOB_ID2.encode() + b"\r\n")
+    got = calls.add_jobs_batch("q", [b"a", b"b", b"c"]).parse(wire(raw))
+    assert got[0] == JOB_ID and got[2] == JOB_ID2
+    assert isinstance(got[1], MaxLenError) and got[1].message == "Queue is already longer"
+    assert calls.add_jobs_batch("q", [b"a"]).parse(
+        wire(b"*1\r\n-NOREPL Timeout\r\n"))[0].prefix == "NOREPL"  # type: ignore[union-attr]
 
 
 def test_getjob_options_and_blocking_time():
@@ -375,6 +404,84 @@ def test_read_timeout_covers_the_blocking_time():
 def test_add_jobs_result_counts():
     r = AddJobsResult([JOB_ID, None, JOB_ID2], [None, MaxLenError("full"), None])
     assert (r.added, r.failed, r.ok) == (2, 1, False)
+
+
+# ---------------------------------------------------------------------------- add_jobs batches
+A = Node("127.0.0.1", 7001)
+B = Node("127.0.0.1", 7002)
+UNKNOWN = DisqueError("unknown command 'ADDJOBS'", "ERR")
+
+
+def batch(n: int = 3, **kw: object) -> AddJobsBatch:
+    return AddJobsBatch("q", [b"b%d" % i for i in range(n)], 100, **kw)  # type: ignore[arg-type]
+
+
+def test_add_jobs_sends_one_addjobs_per_chunk_and_fills_ids_and_errors_in_order():
+    support: dict[str, bool] = {}
+    b = batch(5, replicate=2, dedup_keys=[f"k{i}" for i in range(5)], batch_size=3,
+              support=support)
+    assert b.chunks() == [[0, 1, 2], [3, 4]] and b.safe and b.blocking_ms == 100
+    [cmd] = b.round_trip([0, 1, 2], A)
+    assert cmd.batch and cmd.args == ["ADDJOBS", "q", 100, "REPLICATE", 2, "WITHDEDUP",
+                                      "JOBS", "k0", b"b0", "k1", b"b1", "k2", b"b2"]
+    b.take(cmd, wire(b"*3\r\n+" + JOB_ID.encode() + b"\r\n-NOREPL Timeout\r\n+"
+                     + JOB_ID2.encode() + b"\r\n"), A)
+    assert b.pending([0, 1, 2]) == [] and support == {A.addr: True}
+    assert b.ids[:3] == [JOB_ID, None, JOB_ID2]
+    assert [type(e) for e in b.errors[:3]] == [type(None), NoReplicationError, type(None)]
+
+
+def test_add_jobs_falls_back_to_pipelined_addjob_where_addjobs_is_unknown_once_per_node():
+    support: dict[str, bool] = {}
+    b = batch(2, dedup_keys=["k0", "k1"], support=support)
+    [cmd] = b.round_trip([0, 1], A)
+    b.take(cmd, UNKNOWN, A)
+    assert support == {A.addr: False}
+    assert b.pending([0, 1]) == [0, 1] and b.errors == [None, None]  # to be sent again
+    sent = b.round_trip([0, 1], A)
+    assert [c.args for c in sent] == [["ADDJOB", "q", b"b0", 100, "DEDUP", "k0"],
+                                      ["ADDJOB", "q", b"b1", 100, "DEDUP", "k1"]]
+    assert not any(c.batch for c in sent)
+    b.take(sent[0], JOB_ID.encode(), A)  # the connection broke before the second reply
+    assert b.pending([0, 1]) == [1]
+    b.take(b.round_trip([1], A)[0], JOB_ID2.encode(), A)
+    assert b.result().ids == [JOB_ID, JOB_ID2] and b.result().ok
+    # a later call on the same client goes straight to ADDJOB there, still ADDJOBS elsewhere
+    later = batch(1, support=support)
+    assert [c.batch for c in later.round_trip([0], A)] == [False]
+    assert [c.batch for c in later.round_trip([0], B)] == [True]
+
+
+def test_add_jobs_error_of_the_whole_addjobs_is_every_jobs_error():
+    b = batch(3)
+    [cmd] = b.round_trip([0, 1, 2], A)
+    oom = OutOfMemoryError("command not allowed when used memory > 'maxmemory'")
+    b.take(cmd, oom, A)
+    assert b.errors == [oom] * 3 and b.result().failed == 3 and b.pending([0, 1, 2]) == []
+
+
+def test_add_jobs_is_resent_only_with_dedup_keys_or_when_allowed():
+    assert batch().safe is False
+    assert batch(allow_retry=True).safe is True
+    assert batch(dedup_keys=["a", "b", "c"]).safe is True
+    assert batch(dedup_keys=["a", "b", "c"], allow_retry=False).safe is False
+    lost = DisqueConnectionError("connection lost")
+    b = batch(2)
+    b.fail(b.pending([0, 1]), lost)
+    assert b.result().errors == [lost, lost]
+    with pytest.raises(ValueError):
+        batch(2, dedup_keys=["a"])
+    with pytest.raises(ValueError):
+        batch(2, dedup_keys=["a", "x" * 513])  # refused before anything is sent
+
+
+def test_client_knows_which_nodes_have_addjobs():
+    c = ClientBase("127.0.0.1:7001")
+    assert c.has_addjobs() is None  # not connected
+    c.node = c.table.get("127.0.0.1:7001")
+    assert c.has_addjobs() is None
+    c.addjobs_support["127.0.0.1:7001"] = False
+    assert c.has_addjobs() is False and c.has_addjobs("127.0.0.1:7002") is None
 
 
 # ---------------------------------------------------------------------------- consumer
