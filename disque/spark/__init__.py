@@ -8,10 +8,10 @@
     spark.readStream.format("disque").option("nodes", "h1:7711").option("queues", "q").load()
 
 Modules: `producer` (what runs on the executors: one client per partition, partition p on
-node p mod N, pipelined ADDJOB batches with DEDUP keys, retries with backoff; no Spark
-import, unit-testable), `writer` (`write_jobs` over `foreachPartition` with accumulators),
-`datasource` (the Python Data Source: Arrow batch writer, at-least-once stream reader that
-ACKs only committed micro-batches).
+node p mod N, ADDJOBS batches (pipelined ADDJOBs where a node lacks it) with DEDUP keys,
+retries with backoff; no Spark import, unit-testable), `writer` (`write_jobs` over
+`foreachPartition` with accumulators), `datasource` (the Python Data Source: Arrow batch
+writer, at-least-once stream reader that ACKs only committed micro-batches).
 
 Executors must be able to import `disque` and `redis` (see the README: install the package on
 the workers, or ship `make spark-zip`'s dist/disque-py.zip with --py-files), and they run

@@ -9,15 +9,17 @@
 Batch writer
 ------------
 An Arrow writer: each task gets its partition as Arrow record batches and produces them with
-the same `PartitionProducer` as `write_jobs` (node p mod N, pipelined, DEDUP keys derived
-from a write id drawn on the driver, so a retried task does not add its rows twice). A
+the same `PartitionProducer` as `write_jobs` (node p mod N, one ADDJOBS per batch, DEDUP
+keys derived from a write id drawn on the driver, so a retried task does not add its rows
+twice). A
 partition that still has failed rows after the retries fails its task (`failOnError`,
 default true), so Spark retries it and the DEDUP keys make that retry safe; the totals are
 logged by `commit`. Options: `nodes`, `queue` (required); `bodyColumn` (default `body`, or
 the only column), `bodyFormat` (`raw` | `json`), `replicate`, `retry`, `ttl`, `delay`,
 `maxlen`, `async`, `timeoutMs`, `batchSize` (500), `dedup` (true), `dedupKeyColumn`,
-`dedupPrefix`, `maxAttempts`, `connections` (per partition; default 8 for synchronous
-replicated ADDJOBs, else 1), `password`, `failOnError`.
+`dedupPrefix`, `maxAttempts`, `connections` (per partition; default 1, or 8 for synchronous
+replicated batches to a node without ADDJOBS, which gets pipelined ADDJOBs), `password`,
+`failOnError`.
 
 Streaming reader (at-least-once)
 --------------------------------

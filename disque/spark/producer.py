@@ -22,6 +22,13 @@ What this does NOT cover, honestly:
   a shuffle whose order differs when recomputed). Use `dedup_key_col` with a stable key then.
 - Keys are remembered for the job's TTL only (default one day).
 
+Batches: a batch goes to the node as one ADDJOBS (`ADDJOBS ... WITHDEDUP JOBS key body
+...`), which the node replicates in one bus round trip, so one connection per partition is
+enough. A node without ADDJOBS (antirez's Disque) gets pipelined ADDJOBs instead (the
+client finds out once per node); there a synchronous replicated ADDJOB holds the
+connection until its copies are confirmed, so such batches are split over `connections`
+connections (8 by default).
+
 Retries: NOREPL, LEAVING, PAUSED, OOM and connection errors are retried with exponential
 backoff (`max_attempts` times); other errors (MAXLEN, a bad option) count the row as failed
 at once. Without DEDUP a batch whose replies were lost is sent again (at-least-once,
@@ -122,7 +129,8 @@ class ProducerConfig:
     backoff: float = 0.05
     backoff_max: float = 2.0
     overlap: bool = True
-    connections: int | None = None  # None: 1, or 8 for synchronous replicated ADDJOBs
+    # None: 1, or 8 for synchronous replicated batches to a node without ADDJOBS
+    connections: int | None = None
     client_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -144,7 +152,7 @@ class PartitionResult:
 
 
 class PartitionProducer:
-    """Sends one partition's (body, key) pairs in pipelined batches to its node."""
+    """Sends one partition's (body, key) pairs in batches (ADDJOBS) to its node."""
 
     def __init__(self, cfg: ProducerConfig, partition: int,
                  client_factory: Callable[[str], Any] | None = None,
@@ -158,6 +166,7 @@ class PartitionProducer:
         self.client: Any = None
         self.result = PartitionResult(partition)
         self._pool: ThreadPoolExecutor | None = None
+        # connections per batch where the node has no ADDJOBS (see `_connections`)
         if cfg.connections is not None:
             self.connections = max(1, cfg.connections)
         else:  # only a synchronous replicated ADDJOB waits for other nodes
@@ -203,7 +212,7 @@ class PartitionProducer:
             self.result.errors.append(text)
 
     def send_batch(self, bodies: Sequence[bytes | str], keys: Sequence[str] | None) -> None:
-        """ADDJOB every body (with its DEDUP key) in one round trip, retrying what failed
+        """Add every body (with its DEDUP key) in one round trip, retrying what failed
         transiently. Updates `result.added` / `result.failed`."""
         cfg = self.cfg
         todo = list(range(len(bodies)))
@@ -236,13 +245,21 @@ class PartitionProducer:
                 self._next_node(str(next(e for e in errors if e is not None)))
             self.sleep(min(cfg.backoff * (2 ** (attempt - 1)), cfg.backoff_max))
 
+    def _connections(self, client: Any) -> int:
+        """How many connections the next batch goes over. An ADDJOBS batch is replicated in
+        one round trip: one is enough. Pipelined synchronous replicated ADDJOBs (a node
+        without ADDJOBS) each hold the connection until their copies are confirmed (the
+        original runs the next command of a pipeline only then): `connections` of them. Until
+        the client knows which the node is, the first batch is split as for the original
+        (on a node with ADDJOBS that is a few smaller ADDJOBS)."""
+        if self.cfg.connections is None and client.has_addjobs():
+            return 1
+        return self.connections
+
     def _add(self, client: Any, todo: list[int], bodies: Sequence[bytes | str],
              keys: Sequence[str] | None) -> list[DisqueError | None]:
-        """ADDJOB bodies[todo]; one error (or None) per position. A synchronous replicated
-        ADDJOB holds its connection until the copies are confirmed (a node runs the next
-        command of a pipeline only then), so those go over `connections` connections at
-        once."""
-        n = self.connections
+        """Add bodies[todo]; one error (or None) per position, over `_connections` at once."""
+        n = self._connections(client)
         if n <= 1 or len(todo) < 2 * n:
             return self._add_one(client, todo, bodies, keys)
         if self._pool is None:

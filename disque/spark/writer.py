@@ -1,6 +1,7 @@
 """`write_jobs`: a DataFrame's rows become jobs, produced from `foreachPartition` (or
-`mapInArrow`) on the executors (one client per partition, partition p on node p mod N, pipelined batches,
-DEDUP keys for idempotent task retries; see `producer` for the guarantee and its limits).
+`mapInArrow`) on the executors (one client per partition, partition p on node p mod N, one
+ADDJOBS per batch, DEDUP keys for idempotent task retries; see `producer` for the guarantee
+and its limits).
 Added and failed rows are counted with Spark accumulators: Spark applies the accumulator
 updates of successful task attempts only, so a retried partition is not counted twice.
 """
@@ -62,11 +63,14 @@ def write_jobs(df: Any, queue: str, nodes: str | Iterable[str], body_col: str = 
     - `dedup` (default on): every row carries a DEDUP key, `<write id>:<partition>:<row>`,
       or the value of `dedup_key_col`; a retried task does not add the rows again. The write
       id is random per call unless `dedup_prefix` is given.
-    - `batch_size` ADDJOBs per round trip; transient errors retried `max_attempts` times;
-      with `overlap` a batch is sent while the next one is read from Spark. A synchronous
-      replicated ADDJOB holds its connection until its copies are confirmed, so such
-      batches are split over `connections` connections per partition (default 8; 1 for
-      `replicate=1` or `async_`).
+    - `batch_size` rows per round trip: one ADDJOBS, which the node replicates as a whole
+      (pipelined ADDJOBs on a node without ADDJOBS, such as antirez's Disque); transient
+      errors retried `max_attempts` times; with `overlap` a batch is sent while the next one
+      is read from Spark.
+    - `connections`: per partition. Default: 1 where the node has ADDJOBS; on a node
+      without it a synchronous replicated ADDJOB holds its connection until its copies are
+      confirmed, so such batches are split over 8 (1 for `replicate=1` or `async_`). A
+      value given is used for every batch.
 
     - `method`: `"foreachPartition"` (default) hands each task its rows as Python Row
       objects; `"arrow"` runs the same producer over `mapInArrow`, which gets the rows as

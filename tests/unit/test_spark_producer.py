@@ -33,14 +33,19 @@ NODES = ["127.0.0.1:7001", "127.0.0.1:7002", "127.0.0.1:7003"]
 
 
 class FakeClient:
-    """Records every add_jobs call; `script` gives, per call, a function index -> error."""
+    """Records every add_jobs call; `script` gives, per call, a function index -> error.
+    `addjobs`: what the client knows of its node having ADDJOBS (None: not yet)."""
 
     def __init__(self, addr: str, log: list[tuple[str, list[Any], list[Any] | None]],
-                 script: list[Any]) -> None:
+                 script: list[Any], addjobs: bool | None = None) -> None:
         self.addr = addr
         self.log = log
         self.script = script
         self.closed = False
+        self.addjobs = addjobs
+
+    def has_addjobs(self) -> bool | None:
+        return self.addjobs
 
     def add_jobs(self, queue: str, bodies: list[Any], timeout_ms: int, **kw: Any
                  ) -> AddJobsResult:
@@ -54,7 +59,7 @@ class FakeClient:
         self.closed = True
 
 
-def producer(script: list[Any] | None = None, **cfg: Any
+def producer(script: list[Any] | None = None, addjobs: bool | None = None, **cfg: Any
              ) -> tuple[PartitionProducer, list[Any], list[float]]:
     log: list[Any] = []
     sleeps: list[float] = []
@@ -63,7 +68,7 @@ def producer(script: list[Any] | None = None, **cfg: Any
                                     backoff=0.1, backoff_max=0.3, max_attempts=4)
     defaults.update(cfg)
     p = PartitionProducer(ProducerConfig(**defaults), 4,
-                          client_factory=lambda addr: FakeClient(addr, log, script),
+                          client_factory=lambda addr: FakeClient(addr, log, script, addjobs),
                           sleep=sleeps.append)
     return p, log, sleeps
 
@@ -157,6 +162,22 @@ def test_a_lost_reply_is_retried_on_the_same_node():
     p, log, _ = producer([lambda i, a: lost, lambda i, a: None])
     assert p.run(records(1)).added == 1
     assert [addr for addr, _, _ in log] == [NODES[1], NODES[1]]
+
+
+def test_a_node_with_addjobs_gets_each_batch_over_one_connection():
+    p, log, _ = producer(batch_size=40, addjobs=True)  # replicated, synchronous (default)
+    assert p.run(records(80)).added == 80
+    assert [len(bodies) for _, bodies, _ in log] == [40, 40]
+    p, log, _ = producer(batch_size=40, addjobs=True, connections=4)  # as asked
+    assert p.run(records(40)).added == 40
+    assert sorted(len(bodies) for _, bodies, _ in log) == [10, 10, 10, 10]
+
+
+def test_synchronous_replicated_batches_to_a_node_without_addjobs_are_split():
+    for addjobs in (False, None):  # None: the first batch, before the client knows
+        p, log, _ = producer(batch_size=40, addjobs=addjobs)
+        assert p.run(records(40)).added == 40
+        assert sorted(len(bodies) for _, bodies, _ in log) == [5] * 8
 
 
 def test_synchronous_replicated_batches_are_split_over_connections():
