@@ -72,7 +72,7 @@ class Client(asyncio.Protocol):
                  "null_array", "authenticated", "name", "addr", "laddr", "ctime",
                  "last_interaction", "waiter", "pending", "closing", "monitor", "last_cmd",
                  "reply_mode", "lib_name", "lib_ver", "soft_limit_since", "held", "held_bytes",
-                 "aof_held", "write_paused")
+                 "aof_held", "write_paused", "flush_deferred")
 
     def __init__(self, server: Server) -> None:
         self.server = server
@@ -107,6 +107,7 @@ class Client(asyncio.Protocol):
         self.held_bytes = 0
         self.aof_held = False  # replies wait for the AOF fsync (appendfsync always)
         self.write_paused = False  # backpressure: the peer does not read its replies
+        self.flush_deferred = False  # in server.deferred: written at the end of the iteration
 
     # ------------------------------------------------------------------ asyncio callbacks
     def connection_made(self, transport: Any) -> None:
@@ -272,7 +273,12 @@ class Client(asyncio.Protocol):
         if pending:
             self.pending = []
             self.run(pending)
-        self.flush()
+        if self.out and not self.flush_deferred:
+            # Unblocked from a bus message or a timer: many clients (and the same client
+            # several times, pipelined GETJOBs served from one YOURJOBS) are answered in
+            # one callback, so the write waits for the end of the loop iteration.
+            self.flush_deferred = True
+            self.server.defer_flush(self)
         self.run_held()
 
     def flush(self) -> None:
@@ -392,6 +398,7 @@ class Server:
             self.lookup[name] = cmd
             self.lookup[name.upper()] = cmd
         self.clients: dict[int, Client] = {}
+        self.deferred: list[Client] = []  # clients whose replies are written at iteration end
         self.next_client_id = 0
         self.monitors: set[Client] = set()
         self.clients_paused_until = 0.0  # CLIENT PAUSE: monotonic end, 0 when not paused
@@ -545,6 +552,22 @@ class Server:
         return ""
 
     # ------------------------------------------------------------------ dispatch
+    def defer_flush(self, c: Client) -> None:
+        deferred = self.deferred
+        if not deferred:
+            assert self.loop is not None
+            self.loop.call_soon(self.flush_deferred)
+        deferred.append(c)
+
+    def flush_deferred(self) -> None:
+        """Write the replies of the clients unblocked during this loop iteration."""
+        clients = self.deferred
+        self.deferred = []
+        for c in clients:
+            c.flush_deferred = False
+            if not c.closing and c.transport is not None:
+                c.flush()
+
     def execute(self, c: Client, argv: list[bytes]) -> None:
         """Run one command: QUIT, unknown, arity, auth, OOM, LOADING checks, then the
         handler (checklist section 0 order)."""
