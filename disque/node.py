@@ -355,16 +355,15 @@ class Node(ClusterJobs):
         return now + job.retry * 1000 + int(self._random() * 2 * REQUEUE_JITTER) - REQUEUE_JITTER
 
     # ------------------------------------------------------------------ ADDJOB
-    def add_job(self, queue: bytes, body: bytes, timeout_ms: int, replicate: int | None,
-                ttl: int | None, retry: int | None, delay: int, maxlen: int | None,
-                async_: bool) -> Job:
-        """ADDJOB after option parsing: checks 3..7 of the checklist, in order."""
-        m = self.membership
-        clustered = m is not None and m.size() > 1
+    def job_options(self, replicate: int | None, ttl: int | None, retry: int | None,
+                    delay: int) -> tuple[int, int, int]:
+        """ADDJOB's defaults and checks 3 and 4 (options that contradict each other):
+        (repl, ttl, retry)."""
         if replicate is None:
             # min(3, reachable nodes) as issue 5 asks (the original counted every known node,
             # failing ones too, so one dead node of three made every default ADDJOB fail).
-            size = 1 + len(m.reachable()) if clustered else 1
+            m = self.membership
+            size = 1 + len(m.reachable()) if m is not None and m.size() > 1 else 1
             repl = 3 if size >= 3 else size
         else:
             repl = replicate
@@ -378,6 +377,15 @@ class Node(ClusterJobs):
         if delay >= ttl:
             raise err("The specified DELAY is greater than TTL. Job refused since would "
                       "never be delivered")
+        return repl, ttl, retry
+
+    def add_job(self, queue: bytes, body: bytes, timeout_ms: int, replicate: int | None,
+                ttl: int | None, retry: int | None, delay: int, maxlen: int | None,
+                async_: bool) -> Job:
+        """ADDJOB after option parsing: checks 3..7 of the checklist, in order."""
+        m = self.membership
+        clustered = m is not None and m.size() > 1
+        repl, ttl, retry = self.job_options(replicate, ttl, retry, delay)
         # External replication (checklist section 4): above 75% of maxmemory, or when leaving,
         # the node keeps no copy. A lone node has nobody to hold it, so it keeps its own.
         external = False

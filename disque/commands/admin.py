@@ -178,7 +178,8 @@ def info_sections(server: Any) -> dict[str, list[tuple[str, Any]]]:
             ("client_longest_output_list", max(
                 (len(c.out) for c in clients), default=0)),
             ("client_biggest_input_buf", 0),
-            ("blocked_clients", node.blocked + len(node.replicating)),
+            # clients, not jobs: one ADDJOBS (or pipelined ADDJOBs) waits for many jobs
+            ("blocked_clients", sum(1 for c in clients if c.waiter is not None)),
         ],
         "Memory": [
             ("used_memory", used), ("used_memory_human", _human(used)),

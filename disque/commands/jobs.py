@@ -150,9 +150,10 @@ def parse_addjob_options(argv: list[bytes], i: int, end: int, batch: bool = Fals
 
 
 def add_one_job(c: Any, queue: bytes, body: bytes, timeout: int, o: AddJobOptions,
-                dedup: bytes | None) -> bytes | BlockedAddJob:
+                dedup: bytes | None, unqueued: int = 0) -> bytes | BlockedAddJob:
     """One ADDJOB: its reply, or the waiter of a synchronous replication in flight (the
-    caller parks the client on it). CommandError for a refused job."""
+    caller parks the client on it). CommandError for a refused job. `unqueued`: jobs of
+    the same ADDJOBS still waiting for their copies, which MAXLEN counts as queued."""
     node = c.node
     if dedup is not None:
         known = node.dedup_lookup(queue, dedup)
@@ -161,6 +162,11 @@ def add_one_job(c: Any, queue: bytes, body: bytes, timeout: int, o: AddJobOption
             if node.join_replication(known, waiter):  # still waiting for its copies
                 return waiter
             return b"+%b\r\n" % known
+    if unqueued and o.maxlen is not None:
+        q = node.lookup_queue(queue)
+        if (len(q.jobs) if q is not None else 0) + unqueued >= o.maxlen:
+            raise CommandError("MAXLEN", "Queue is already longer than the specified "
+                                         "MAXLEN count")
     job = node.add_job(queue, body, timeout, o.replicate, o.ttl, o.retry, o.delay, o.maxlen,
                        o.async_)
     if dedup is not None:
@@ -204,26 +210,27 @@ def cmd_addjobs(c: Any, argv: list[bytes]) -> None:
             if not key or len(key) > 512:
                 raise err("DEDUP key must be 1 to 512 bytes")
     queue = argv[1]
-    group = AddJobGroup(c, array_len(len(items) // 2 if o.with_dedup else len(items)))
-    step = 2 if o.with_dedup else 1
-    maxlen = o.maxlen
     node = c.node
-    for k in range(0, len(items), step):
+    # contradicting options are an error of the command, not of each job
+    node.job_options(o.replicate, o.ttl, o.retry, o.delay)
+    group = AddJobGroup(c, array_len(len(items) // 2 if o.with_dedup else len(items)))
+    replicating = node.replicating
+    unqueued = 0  # new jobs of this batch waiting for their copies (MAXLEN counts them)
+    for k in range(0, len(items), 2 if o.with_dedup else 1):
+        before = len(replicating)
         try:
-            if maxlen is not None and _batch_qlen(node, queue, group) >= maxlen:
-                # MAXLEN counts this batch's jobs still waiting for their copies too
-                raise CommandError("MAXLEN", "Queue is already longer than the specified "
-                                             "MAXLEN count")
             if o.with_dedup:
-                res = add_one_job(c, queue, items[k + 1], timeout, o, items[k])
+                res = add_one_job(c, queue, items[k + 1], timeout, o, items[k], unqueued)
             else:
-                res = add_one_job(c, queue, items[k], timeout, o, None)
+                res = add_one_job(c, queue, items[k], timeout, o, None, unqueued)
         except CommandError as exc:
             res = exc.resp()
         if type(res) is bytes:
             group.add_reply(res)
         else:
             group.add_waiter(res)
+            if len(replicating) > before:
+                unqueued += 1
     group.seal(c)
 
 
@@ -291,11 +298,6 @@ class BlockedAddJob(ReplWaiter):
             c.waiter = None
             group.seal(c)
         return reqs[k:]
-
-
-def _batch_qlen(node: Any, queue: bytes, group: AddJobGroup) -> int:
-    q = node.lookup_queue(queue)
-    return (len(q.jobs) if q is not None else 0) + group.waiting
 
 
 def _has_maxlen(argv: list[bytes]) -> bool:

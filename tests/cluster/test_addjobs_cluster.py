@@ -208,9 +208,6 @@ def test_jobs_removed_while_the_batch_waits_answer_norepl(cluster):
         assert [piped.read(timeout=10) for _ in range(4)] == [NOREPL_REMOVED] * 3 + [0]
 
 
-@pytest.mark.xfail(strict=True, reason="server bug: INFO blocked_clients counts the jobs "
-                   "waiting for copies (node.replicating), so one client blocked on a "
-                   "batch of 5 counts as 5 blocked clients")
 def test_a_client_blocked_on_a_batch_counts_as_one_blocked_client(cluster):
     c = cluster(3, node_timeout=SLOW_LINK)
     a, _, late = c

@@ -145,9 +145,6 @@ def test_addjobs_without_arguments_is_an_arity_error(conn: Conn) -> None:
     assert conn.cmd("ADDJOBS", "q") == ARITY_ERR
 
 
-@pytest.mark.xfail(strict=True, reason="server bug: DELAY >= TTL and RETRY 0 + REPLICATE > 1 "
-                   "are answered per job (an array of identical -ERR) instead of as one "
-                   "command-level error like every other bad option value")
 @pytest.mark.parametrize(
     ("opts", "error"),
     [
@@ -190,9 +187,6 @@ def test_addjobs_withdedup_key_of_an_earlier_batch_or_addjob_answers_its_id(
     assert conn.cmd("QLEN", q) == 4
 
 
-@pytest.mark.xfail(strict=True, reason="server bug: ADDJOBS checks MAXLEN before the DEDUP "
-                   "lookup, so a repeated key answers -MAXLEN instead of the known ID "
-                   "(ADDJOB ... MAXLEN ... DEDUP answers the ID)")
 def test_addjobs_withdedup_repeated_key_answers_its_id_even_at_maxlen(
         conn: Conn, q: str) -> None:
     reply = addjobs(conn, q, "MAXLEN", 1, "WITHDEDUP", "JOBS", "k1", "a", "k1", "a")

@@ -271,9 +271,6 @@ async def test_async_add_jobs_batch_is_one_addjobs_and_raises_on_a_node_without_
 
 
 
-@pytest.mark.xfail(strict=True, reason="server bug: ADDJOBS checks MAXLEN before the DEDUP "
-                   "lookup, so a resent key answers -MAXLEN instead of its job's ID (see "
-                   "tests/integration/test_addjobs.py, ADDJOB ... DEDUP answers the ID)")
 def test_a_lost_batch_with_maxlen_resent_with_dedup_keys_gets_its_ids(
         node: DisqueProcess, proxy: Any, q: str) -> None:
     """The first send fills the queue up to MAXLEN and its reply is lost; the resend must
