@@ -340,15 +340,24 @@ class AddJobGroup:
             return
         self.slots[slot] = reply
         self.waiting -= 1
-        if not self.waiting and self.client is not None:
-            self.client.unblocked(self.head + b"".join(self.slots))  # type: ignore[arg-type]
+        if not self.waiting:
+            self.release()
+            if self.client is not None:
+                self.client.unblocked(self.head + b"".join(self.slots))  # type: ignore[arg-type]
+
+    def release(self) -> None:
+        """Break the group <-> waiter cycles (the collector only runs on young objects,
+        see Server.gc_tick)."""
+        for w in self.waiters:
+            w.group = None
+        self.waiters = []
 
     def cancel(self) -> None:
         """The client went away: every job still waiting for its copies is deleted."""
         for w in self.waiters:
             if self.slots[w.slot] is None:
                 w.cancel()
-        self.waiters = []
+        self.release()
 
 
 # ---------------------------------------------------------------------------- GETJOB
