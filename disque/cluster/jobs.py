@@ -34,12 +34,14 @@ from disque.cluster.messages import (
     EnqueueJob,
     GotAck,
     GotJob,
+    GotJobBatch,
     JobRecord,
     Message,
     NeedJobs,
     PauseQueue,
     Queued,
     ReplJob,
+    ReplJobBatch,
     SetAck,
     WillQueue,
     WorkingJob,
@@ -345,40 +347,71 @@ class ClusterJobs:
 
     def on_repljob(self, sender: bytes, msg: ReplJob) -> None:
         """ON RECV REPLJOB: hold a copy (or merge `delivered`) and confirm with GOTJOB."""
-        rec = msg.job
-        if self.leaving or (self.maxmemory and self.memory_level() > 0):
+        if self.leaving or (self._maxmemory and self.memory_level() > 0):
             return  # refused: no GOTJOB, the sender will try another node
+        job = self.hold_copy(msg.job, self.clock())
+        if job is not None and not msg.noreply:
+            self.send(sender, GotJob(self.header(), job.id))
+
+    def on_repljob_batch(self, sender: bytes, msg: ReplJobBatch) -> None:
+        """REPLJOB for the jobs of one frame: the same, answered with one GOTJOB frame."""
+        if self.leaving or (self._maxmemory and self.memory_level() > 0):
+            return
+        now = self.clock()
+        hold_copy = self.hold_copy
+        if msg.noreply:
+            for rec in msg.jobs:
+                hold_copy(rec, now)
+            return
+        ids = []
+        for rec in msg.jobs:
+            job = hold_copy(rec, now)
+            if job is not None:
+                ids.append(job.id)
+        if ids:
+            self.send(sender, GotJobBatch(self.header(), ids) if len(ids) > 1
+                      else GotJob(self.header(), ids[0]))
+
+    def hold_copy(self, rec: JobRecord, now: int) -> Job | None:
+        """Keep a copy of a replicated job (or merge its `delivered` into ours); None if
+        its queue is paused for input (no GOTJOB: the sender tries another node)."""
         q = self.lookup_queue(rec.queue)
         if q is not None and q.paused & PAUSE_IN:
-            return
+            return None
         job = self.lookup_job(rec.id)
         if job is not None:
             merged = job.delivered + tuple(n for n in rec.delivered if n not in job.delivered)
             job.delivered = merged
-        else:
-            now = self.clock()
-            delivered = rec.delivered
-            if self.myself not in delivered:
-                delivered = delivered + (self.myself,)
-            # job_from_record, inlined (the replica's hot path); the queue name is shared
-            job = Job(rec.id, q.name if q is not None else rec.queue, rec.body, rec.repl,
-                      rec.ctime, now + rec.ttl_ms, rec.delay, rec.retry, delivered)
-            job.nacks = rec.nacks
-            job.deliveries = rec.deliveries
-            job.state = ACTIVE
-            if job.retry:
-                job.qtime = (now + (job.delay + job.retry) * 1000
-                             + int(self._random() * 500) - 250)
-            self.register(job)
-            self.schedule_job(job)
-            if self.persist is not None:
-                self.persist.loadjob(job)
-        if not msg.noreply:
-            self.send(sender, GotJob(self.header(), job.id))
+            return job
+        delivered = rec.delivered
+        if self.myself not in delivered:
+            delivered = delivered + (self.myself,)
+        # job_from_record, inlined (the replica's hot path); the queue name is shared
+        job = Job(rec.id, q.name if q is not None else rec.queue, rec.body, rec.repl,
+                  rec.ctime, now + rec.ttl_ms, rec.delay, rec.retry, delivered)
+        job.nacks = rec.nacks
+        job.deliveries = rec.deliveries
+        job.state = ACTIVE
+        if job.retry:
+            job.qtime = (now + (job.delay + job.retry) * 1000
+                         + int(self._random() * 500) - 250)
+        self.register(job)
+        self.schedule_job(job)
+        if self.persist is not None:
+            self.persist.loadjob(job)
+        return job
 
     def on_gotjob(self, sender: bytes, msg: GotJob) -> None:
         """ON RECV GOTJOB: count the confirmation; enough of them and the job is added."""
-        job = self.lookup_job(msg.job_id)
+        self.got_job(sender, msg.job_id)
+
+    def on_gotjob_batch(self, sender: bytes, msg: GotJobBatch) -> None:
+        got_job = self.got_job
+        for job_id in msg.job_ids:
+            got_job(sender, job_id)
+
+    def got_job(self, sender: bytes, job_id: bytes) -> None:
+        job = self.lookup_job(job_id)
         if job is None or job.state != WAIT_REPL:
             return
         if sender not in job.confirmed:
@@ -760,7 +793,9 @@ class ClusterJobs:
 
 _HANDLERS: dict[type, Any] = {
     ReplJob: ClusterJobs.on_repljob,
+    ReplJobBatch: ClusterJobs.on_repljob_batch,
     GotJob: ClusterJobs.on_gotjob,
+    GotJobBatch: ClusterJobs.on_gotjob_batch,
     EnqueueJob: ClusterJobs.on_enqueue,
     Queued: ClusterJobs.on_queued,
     SetAck: ClusterJobs.on_setack,

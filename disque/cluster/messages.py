@@ -183,6 +183,7 @@ class Message:
 
     # Messages of a batchable type (BATCH_KEY not None) are packed several to a frame.
     BATCH_KEY: ClassVar[str | None] = None
+    n: int = 1  # how many jobs' messages this object stands for (a batch: several)
 
     def encode(self) -> bytes:
         """The complete frame: length prefix + msgpack payload."""
@@ -449,7 +450,7 @@ def encode_many(msgs: Iterable[Message], stats: BusStats | None = None) -> bytes
             run_cls = None
         frame = m.encode()
         if stats is not None:
-            stats.sent(m.TYPE, len(frame))
+            stats.sent(m.TYPE, len(frame), m.n)
         parts.append(frame)
     if run:
         _flush_run(run_cls, run, parts, stats)
@@ -499,7 +500,8 @@ class FrameDecoder:
                     break
                 msgs = decode_frame(buf[pos + 4:end])
                 if stats is not None:
-                    stats.received(msgs[0].TYPE, size + 4, len(msgs))
+                    stats.received(msgs[0].TYPE, size + 4,
+                                   len(msgs) if len(msgs) > 1 else msgs[0].n)
                 out += msgs
                 pos = end
         except BusProtocolError as e:
@@ -691,6 +693,34 @@ class GotJob(_JobIdMessage):
     __slots__ = ()
     TYPE = GOTJOB
 
+    @classmethod
+    def decode_batch(cls, header: Header, payload: list[Any]) -> list[Message]:
+        ids = _batch_items(payload, "gotjob")
+        aux = _uint(payload[1], "aux")
+        if len(ids) == 1:
+            return [cls(header, _job_id(ids[0]), aux)]
+        return [GotJobBatch(header, [_job_id(job_id) for job_id in ids], aux)]
+
+
+class GotJobBatch(Message):
+    """Several GOTJOBs of one frame, handed to the node as one message (the replication
+    round trip's hot path: no object, no dispatch per job)."""
+
+    __slots__ = ("job_ids", "aux", "n")
+    TYPE = GOTJOB
+
+    def __init__(self, header: Header, job_ids: list[bytes], aux: int = 0) -> None:
+        self.header = header
+        self.job_ids = job_ids
+        self.aux = aux
+        self.n = len(job_ids)
+
+    def payload(self) -> tuple[list[bytes], int]:
+        return (self.job_ids, self.aux)
+
+    def messages(self) -> list[GotJob]:
+        return [GotJob(self.header, job_id, self.aux) for job_id in self.job_ids]
+
 
 @message_type
 class EnqueueJob(_JobIdMessage):
@@ -776,7 +806,28 @@ class ReplJob(Message):
         noreply = payload[1]
         if type(noreply) is not bool:
             raise BusProtocolError("bad REPLJOB flag")
-        return [cls(header, _job_record(r), noreply) for r in recs]
+        if len(recs) == 1:
+            return [cls(header, _job_record(recs[0]), noreply)]
+        return [ReplJobBatch(header, [_job_record(r) for r in recs], noreply)]
+
+
+class ReplJobBatch(Message):
+    """Several REPLJOBs of one frame, handed to the node as one message."""
+
+    __slots__ = ("jobs", "noreply", "n")
+    TYPE = REPLJOB
+
+    def __init__(self, header: Header, jobs: list[JobRecord], noreply: bool = False) -> None:
+        self.header = header
+        self.jobs = jobs
+        self.noreply = noreply
+        self.n = len(jobs)
+
+    def payload(self) -> tuple[list[JobRecord], bool]:
+        return (self.jobs, self.noreply)
+
+    def messages(self) -> list[ReplJob]:
+        return [ReplJob(self.header, rec, self.noreply) for rec in self.jobs]
 
 
 @message_type

@@ -391,7 +391,8 @@ BAD_FRAMES = [
     # (what, bytes, the reason the node logs)
     ("garbage in a frame", b"\x00\x00\x00\x08" + b"\xc1" * 8, "malformed msgpack"),
     ("oversized length prefix", b"\x7f\xff\xff\xff" + b"x" * 64, "exceeds the limit"),
-    ("wrong protocol version", _wrong_version_frame(), "unsupported bus protocol version 2"),
+    ("wrong protocol version", _wrong_version_frame(),
+     f"unsupported bus protocol version {VERSION + 1}"),
 ]
 
 

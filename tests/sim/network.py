@@ -262,7 +262,7 @@ class SimNetwork:
         peer = link.peer
         assert peer is not None
         frame = msg.encode()
-        node.membership.stats.sent(msg.TYPE, len(frame))
+        node.membership.stats.sent(msg.TYPE, len(frame), msg.n)
         if self.drop and self.rng.random() < self.drop:
             self._reset(link)  # TCP loses nothing silently: the connection breaks instead
             return

@@ -35,12 +35,14 @@ from disque.cluster.messages import (
     EnqueueJob,
     GotAck,
     GotJob,
+    GotJobBatch,
     Header,
     JobRecord,
     NeedJobs,
     PauseQueue,
     Queued,
     ReplJob,
+    ReplJobBatch,
     SetAck,
     WillQueue,
     WorkingJob,
@@ -225,6 +227,36 @@ def test_repljob_of_a_known_job_merges_delivered_and_still_answers_gotjob() -> N
     assert set(job.delivered) == {A, ME, C}
     assert job.qtime == qtime  # not a new copy: the requeue time stays
     assert [(n, type(m)) for n, m in r.take()] == [(A, GotJob)]
+
+
+def test_a_frame_of_repljobs_is_held_like_single_ones_and_answered_with_one_gotjob() -> None:
+    r = Rig(peers=(A, B, C))
+    known = r.replica(delivered=(A, ME))
+    r.node.pause(b"paused", PAUSE_IN)
+    recs = [r.record(), r.record(job_id=known.id, delivered=(A, ME, C)),
+            r.record(queue=b"paused"), r.record(retry=0, repl=1, delivered=(A, ME))]
+    r.node.on_message(A, ReplJobBatch(hdr(A), recs, False))
+    (to, msg), = r.take()
+    # one GOTJOB message for the copies held, none for the paused queue's job
+    assert to == A and type(msg) is GotJobBatch
+    assert msg.job_ids == [recs[0].id, known.id, recs[3].id]
+    assert set(known.delivered) == {A, ME, C}
+    assert r.node.lookup_job(recs[2].id) is None
+    for rec in (recs[0], recs[3]):
+        job = r.node.lookup_job(rec.id)
+        assert job is not None and job.state == ACTIVE and job.body == rec.body
+    r.node.on_message(A, ReplJobBatch(hdr(A), [r.record(), r.record()], True))
+    assert r.take() == []  # noreply
+
+
+def test_a_frame_of_gotjobs_confirms_each_job() -> None:
+    r = Rig(peers=(A, B))
+    jobs = [r.add_sync(replicate=3)[0] for _ in range(3)]
+    r.take()
+    r.node.on_message(A, GotJobBatch(hdr(A), [j.id for j in jobs]))
+    assert all(j.state == WAIT_REPL for j in jobs)
+    r.node.on_message(B, GotJobBatch(hdr(B), [j.id for j in jobs[:2]]))
+    assert [j.state for j in jobs] == [QUEUED, QUEUED, WAIT_REPL]
 
 
 def test_repljob_with_noreply_stores_the_copy_without_gotjob() -> None:
