@@ -411,7 +411,10 @@ class ClusterJobs:
             got_job(sender, job_id)
 
     def got_job(self, sender: bytes, job_id: bytes) -> None:
-        job = self.lookup_job(job_id)
+        # the jobs waiting for copies first: a small, warm table (the registry holds
+        # millions of jobs and a lookup there is a cache miss)
+        rep = self.replicating.get(job_id)
+        job = rep.job if rep is not None else self.lookup_job(job_id)
         if job is None or job.state != WAIT_REPL:
             return
         if sender not in job.confirmed:
