@@ -2,7 +2,7 @@
 from a `local[2]` Spark job into a fresh 3-node cluster, with REPLICATE 1 and 3:
 
 - `client add_jobs`: the plain client, 2 processes (the parallelism of local[2]), each
-  pipelining batches of 500 ADDJOBs (with DEDUP keys, as write_jobs sends) to its own node;
+  sending batches of 500 bodies (with DEDUP keys, as write_jobs sends) to its own node;
 - `write_jobs`: `disque.spark.write_jobs` over `foreachPartition` (2 partitions), and
   `write_jobs arrow`: the same with `method="arrow"` (`mapInArrow`);
 - `data source`: `df.write.format("disque")...save()` (the Arrow writer, 2 partitions).
@@ -29,11 +29,11 @@ from typing import Any
 TARGETS = {("write_jobs", 1): 56_000.0, ("data source", 1): 37_000.0,
            ("write_jobs", 3): 50_000.0, ("data source", 3): 50_000.0}
 RATIO_TARGET = 0.7  # REPLICATE 3 over REPLICATE 1, same writer (issue 12)
-BATCH = 500
+BATCH = 500  # the writers' default batch size
 
 
 def _plain_worker(addr: str, rows: int, offset: int, replicate: int) -> float:
-    """One producer process: add_jobs of `rows` bodies in batches of 500; seconds taken."""
+    """One producer process: add_jobs of `rows` bodies in batches of BATCH; seconds taken."""
     from disque.client import Client
 
     bodies = [str(i).zfill(10).encode() for i in range(offset, offset + rows)]
@@ -119,8 +119,13 @@ def _session() -> Any:
 
 
 def scenario_spark(workdir: Path, cpus: set[int] | None, rows: int,
-                   say: Any = print) -> dict[str, Any]:
-    """Run the scenario; returns {"rows": [...], "targets": [...]} (errors as "error")."""
+                   say: Any = print, replicate: tuple[int, ...] = (1, 3),
+                   batch: int | None = None) -> dict[str, Any]:
+    """Run the scenario; returns {"rows": [...], "targets": [...]} (errors as "error").
+    `replicate`: the levels to run; `batch`: rows per ADDJOBS (default: the writers')."""
+    global BATCH
+    if batch:
+        BATCH = batch
     try:
         import pyspark  # noqa: F401
     except ImportError:
@@ -141,7 +146,7 @@ def scenario_spark(workdir: Path, cpus: set[int] | None, rows: int,
         warm.write.format("disque").option("nodes", nodes).option("queue", "warm") \
             .option("replicate", "1").mode("append").save()
         _flush(addrs)
-        for rep in (1, 3):
+        for rep in replicate:
             n = rows
             df = spark.range(0, n, 1, 2).selectExpr(
                 "lpad(cast(id as string), 10, '0') as body").cache()
@@ -226,12 +231,19 @@ def print_spark(result: dict[str, Any], say: Any = print) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Standalone: python -m benchmarks.spark_bench [rows]."""
+    """Standalone: python -m benchmarks.spark_bench [rows] [--replicate 3] [--batch N]."""
+    import argparse
     import tempfile
 
-    rows = int((argv or sys.argv[1:] or ["500000"])[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.spark_bench")
+    ap.add_argument("rows", type=int, nargs="?", default=500_000)
+    ap.add_argument("--replicate", type=int, action="append",
+                    help="REPLICATE level to run (repeatable; default 1 and 3)")
+    ap.add_argument("--batch", type=int, default=None, help=f"rows per batch ({BATCH})")
+    a = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="disque-spark-bench-") as tmp:
-        print_spark(scenario_spark(Path(tmp), None, rows))
+        print_spark(scenario_spark(Path(tmp), None, a.rows,
+                                   replicate=tuple(a.replicate or (1, 3)), batch=a.batch))
     return 0
 
 
