@@ -341,18 +341,21 @@ def _expect_len(payload: list[Any], n: int, what: str) -> None:
         raise BusProtocolError(f"{what} payload has {len(payload)} fields, expected {n}")
 
 
-_KNOWN_IDS: set[bytes] = set()  # node IDs already validated (a cluster has few)
+_KNOWN_IDS: dict[bytes, bytes] = {}  # node IDs already validated (a cluster has few)
 _KNOWN_IDS_MAX = 4096
 
 
 def _node_id(v: Any) -> bytes:
-    if type(v) is bytes and v in _KNOWN_IDS:
-        return v
+    """A valid node ID, as one shared bytes object per ID (jobs hold many of them)."""
+    if type(v) is bytes:
+        known = _KNOWN_IDS.get(v)
+        if known is not None:
+            return known
     if type(v) is not bytes or len(v) != 40 or v.translate(None, b"0123456789abcdef"):
         raise BusProtocolError("bad node ID")
     if len(_KNOWN_IDS) >= _KNOWN_IDS_MAX:
         _KNOWN_IDS.clear()
-    _KNOWN_IDS.add(v)
+    _KNOWN_IDS[v] = v
     return v
 
 
@@ -407,8 +410,7 @@ def decode_frame(payload: bytes | bytearray | memoryview) -> list[Message]:
         raise BusProtocolError(f"unknown bus message type {mtype!r}")
     if type(body) is not list:
         raise BusProtocolError("message payload is not an array")
-    if type(sender) is not bytes or sender not in _KNOWN_IDS:
-        _node_id(sender)
+    sender = _node_id(sender)
     if type(ip) is not bytes or (ip and _IP.fullmatch(ip) is None):
         raise BusProtocolError("bad IP address field")
     if (type(port) is not int or type(bus_port) is not int or not 0 <= port <= 65535
@@ -601,7 +603,11 @@ def _uint(v: Any, what: str) -> int:
     return v
 
 
-def _job_record(v: Any) -> JobRecord:
+def _job_record(v: Any, table: list[bytes] | None = None,
+                cache: dict[tuple[int, ...], tuple[bytes, ...]] | None = None) -> JobRecord:
+    """A job record; its `delivered` holds node IDs, or (REPLJOB: `table` given) indexes
+    into the frame's node table, each distinct list of them made into one tuple (`cache`)
+    that every job of the frame shares."""
     if type(v) is not list or len(v) != 11:
         raise BusProtocolError("bad job record")
     jid, queue, body, repl, ttl_ms, ctime, delay, retry, nacks, deliv, delivered = v
@@ -619,11 +625,22 @@ def _job_record(v: Any) -> JobRecord:
                             (delay, "delay"), (retry, "retry"), (nacks, "nacks"),
                             (deliv, "deliveries")):
             _uint(value, what)
-    try:
-        known = _KNOWN_IDS.issuperset(delivered)
-    except TypeError:  # an unhashable element
-        known = False
-    nodes = tuple(delivered) if known else tuple(_node_id(n) for n in delivered)
+    if table is None:
+        nodes = tuple([_node_id(n) for n in delivered])
+    else:
+        try:
+            key = tuple(delivered)
+            nodes = cache.get(key)  # type: ignore[union-attr]
+        except TypeError:  # an unhashable element
+            raise BusProtocolError("bad node index") from None
+        if nodes is None:
+            try:
+                nodes = tuple([table[i] for i in key])
+            except (TypeError, IndexError):
+                raise BusProtocolError("bad node index") from None
+            if any(type(i) is not int or i < 0 for i in key):
+                raise BusProtocolError("bad node index")
+            cache[key] = nodes  # type: ignore[index]
     # TTL, DELAY and RETRY are capped at what ADDJOB accepts (10 years): times derived from
     # them must fit the bus and AOF encodings when this node sends or logs the job in turn.
     # Capped, not refused: a peer of an older version may hold such a job, and refusing the
@@ -636,6 +653,24 @@ def _job_record(v: Any) -> JobRecord:
         retry = MAX_JOB_SECONDS
     return new_record(JobRecord, (jid, queue, body, repl, ttl_ms, ctime, delay, retry, nacks,
                                   deliv, nodes))
+
+
+def _repljob_frame(header: Header, recs: Iterable[JobRecord], noreply: bool) -> bytes:
+    """REPLJOB's wire form: [[record, ...], noreply, [node id, ...]], each record's
+    `delivered` as indexes into that node table: the IDs (40 bytes each, 3 per job with
+    REPLICATE 3) travel once per frame instead of once per job."""
+    table: dict[bytes, int] = {}
+    lists: dict[tuple[bytes, ...], list[int]] = {}
+    out = []
+    for rec in recs:
+        delivered = rec[10]
+        idx = lists.get(delivered)
+        if idx is None:
+            idx = lists[delivered] = [table.setdefault(n, len(table)) for n in delivered]
+        out.append((*rec[:10], idx))
+    body = (_PREFIX[REPLJOB] + (header._packed or header.packed())
+            + _packb((out, noreply, list(table))))
+    return _pack_len(len(body)) + body
 
 
 # JobRecord(...) goes through a generated __new__ (a quarter of the cost of a REPLJOB on
@@ -795,20 +830,32 @@ class ReplJob(Message):
     def payload(self) -> tuple[list[JobRecord], bool]:
         return ([self.job], self.noreply)
 
+    def encode(self) -> bytes:
+        return _repljob_frame(self.header, (self.job,), self.noreply)
+
     @classmethod
     def encode_batch(cls, msgs: list[Any]) -> bytes:
         first = msgs[0]
-        return _batch_frame(cls, first.header, [m.job for m in msgs], first.noreply)
+        return _repljob_frame(first.header, [m.job for m in msgs], first.noreply)
 
     @classmethod
     def decode_batch(cls, header: Header, payload: list[Any]) -> list[Message]:
-        recs = _batch_items(payload, "REPLJOB")
+        if len(payload) != 3:
+            raise BusProtocolError(f"REPLJOB payload has {len(payload)} fields, expected 3")
+        recs = payload[0]
+        if type(recs) is not list or not recs:
+            raise BusProtocolError("bad REPLJOB job list")
         noreply = payload[1]
         if type(noreply) is not bool:
             raise BusProtocolError("bad REPLJOB flag")
+        nodes = payload[2]
+        if type(nodes) is not list:
+            raise BusProtocolError("bad REPLJOB node table")
+        table = [_node_id(n) for n in nodes]
+        cache: dict[tuple[int, ...], tuple[bytes, ...]] = {}
         if len(recs) == 1:
-            return [cls(header, _job_record(recs[0]), noreply)]
-        return [ReplJobBatch(header, [_job_record(r) for r in recs], noreply)]
+            return [cls(header, _job_record(recs[0], table, cache), noreply)]
+        return [ReplJobBatch(header, [_job_record(r, table, cache) for r in recs], noreply)]
 
 
 class ReplJobBatch(Message):
@@ -825,6 +872,9 @@ class ReplJobBatch(Message):
 
     def payload(self) -> tuple[list[JobRecord], bool]:
         return (self.jobs, self.noreply)
+
+    def encode(self) -> bytes:
+        return _repljob_frame(self.header, self.jobs, self.noreply)
 
     def messages(self) -> list[ReplJob]:
         return [ReplJob(self.header, rec, self.noreply) for rec in self.jobs]

@@ -143,6 +143,18 @@ def test_runs_of_job_messages_share_one_frame_and_decode_in_order() -> None:
     assert sum(sent.bytes_sent.values()) == len(blob) == sum(received.bytes_received.values())
 
 
+def test_a_repljob_frame_carries_each_node_id_once_and_jobs_share_their_delivered_tuple() -> None:
+    h = header()
+    recs = [_record(i) for i in range(100)]
+    blob = encode_many([bus.ReplJob(h, r, False) for r in recs])
+    assert blob.count(NODE_B) == 1  # in the node table only
+    (batch,) = FrameDecoder().feed(blob)
+    assert batch.jobs == recs
+    assert len({id(r.delivered) for r in batch.jobs}) == 1
+    (nid,) = {id(n) for r in batch.jobs for n in r.delivered if n == NODE_B}
+    assert nid == id(bus._node_id(bytes(NODE_B)))  # one shared object per node ID
+
+
 def test_a_batched_frame_is_smaller_than_its_messages_one_by_one() -> None:
     h = header()
     msgs = [bus.GotJob(h, _job_id(i)) for i in range(100)]
@@ -175,6 +187,12 @@ def test_type_numbers_are_the_originals_and_job_types_are_reserved() -> None:
 V = bus.VERSION
 
 
+def _rec(delivered: list) -> list:
+    """A REPLJOB record on the wire, `delivered` as indexes into the frame's node table."""
+    return [b"D-aaaaaaaa-" + b"x" * 24 + b"-05a1", b"q", b"body", 2, 5000, 1, 0, 30, 0, 0,
+            delivered]
+
+
 @pytest.mark.parametrize("fields, reason", [
     ([V + 1, *good_fields()[1:]], "version"),
     ([V, 99, *good_fields()[2:]], "unknown"),
@@ -201,8 +219,15 @@ V = bus.VERSION
     ([V, bus.GOTJOB, NODE_A, b"", 7711, 17711, 0, [[], 0]], "job list"),
     ([V, bus.GOTJOB, NODE_A, b"", 7711, 17711, 0, [b"D" * 40, 0]], "job list"),
     ([V, bus.GOTJOB, NODE_A, b"", 7711, 17711, 0, [[b"D" * 40, b"x"], 0]], "job id"),
-    ([V, bus.REPLJOB, NODE_A, b"", 7711, 17711, 0, [[], False]], "job list"),
-    ([V, bus.REPLJOB, NODE_A, b"", 7711, 17711, 0, [[[1]], False]], "job record"),
+    ([V, bus.REPLJOB, NODE_A, b"", 7711, 17711, 0, [[], False, []]], "job list"),
+    ([V, bus.REPLJOB, NODE_A, b"", 7711, 17711, 0, [[[1]], False, []]], "job record"),
+    ([V, bus.REPLJOB, NODE_A, b"", 7711, 17711, 0, [[[1]], False]], "3"),
+    ([V, bus.REPLJOB, NODE_A, b"", 7711, 17711, 0, [[_rec([0])], False, NODE_B]], "node table"),
+    ([V, bus.REPLJOB, NODE_A, b"", 7711, 17711, 0, [[_rec([0])], False, [b"x"]]], "node ID"),
+    ([V, bus.REPLJOB, NODE_A, b"", 7711, 17711, 0, [[_rec([1])], False, [NODE_B]]], "index"),
+    ([V, bus.REPLJOB, NODE_A, b"", 7711, 17711, 0, [[_rec([-1])], False, [NODE_B]]], "index"),
+    ([V, bus.REPLJOB, NODE_A, b"", 7711, 17711, 0, [[_rec(["a"])], False, [NODE_B]]], "index"),
+    ([V, bus.REPLJOB, NODE_A, b"", 7711, 17711, 0, [[_rec([[0]])], False, [NODE_B]]], "index"),
 ])
 def test_invalid_messages_are_protocol_errors(fields: object, reason: str) -> None:
     with pytest.raises(BusProtocolError, match=reason):
@@ -312,8 +337,8 @@ def test_auth_messages_carry_nonce_and_digest() -> None:
 # ---------------------------------------------------------------------------- job records
 def _repljob_fields(ttl_ms: int, delay: int, retry: int) -> list:
     rec = [b"D-aaaaaaaa-" + b"x" * 24 + b"-05a1", b"q", b"body", 2, ttl_ms, 1, delay, retry,
-           0, 0, [NODE_A]]
-    return [bus.VERSION, bus.REPLJOB, NODE_A, b"", 7711, 17711, 0, [[rec], False]]
+           0, 0, [0]]
+    return [bus.VERSION, bus.REPLJOB, NODE_A, b"", 7711, 17711, 0, [[rec], False, [NODE_A]]]
 
 
 @pytest.mark.parametrize("ttl_ms, delay, retry, want", [
