@@ -822,7 +822,12 @@ class Server:
             n = get(node_id)
             if n is not None and n.out_link is not None:
                 n.out_link.send(msg)
-        self.bus.apply()
+        bus = self.bus
+        bus.apply()
+        # This already runs at the end of the loop iteration: write now rather than one
+        # more loop pass later (a replication round trip crosses this twice).
+        if bus.pending:
+            bus.flush()
 
     def bus_cron(self) -> None:
         """The cluster's 100 ms tick (failure detection, pings, handshakes)."""
