@@ -35,6 +35,7 @@ from disque.jobs.job import (
     F_BCAST_WILLQUEUE,
     F_DELIVERED,
     F_DUMMY,
+    JOB_MEMORY,
     QUEUED,
     WAIT_REPL,
     Job,
@@ -52,9 +53,9 @@ QUEUE_GC_SHARDS = 16  # queue-table shards sampled per period
 EVICT_SAMPLE = 500  # jobs (then queues) one eviction attempt examines at most
 
 # Memory estimate (INFO used_memory and the maxmemory rules). The constants are the measured
-# Python cost of a queued job besides its body (object, ID, registry and queue slots) and of
-# an empty queue object; `BASE_MEMORY` stands for the server's fixed structures.
-JOB_MEMORY = 480
+# Python cost of a queued job besides its body (JOB_MEMORY, in disque.jobs.job: object, ID,
+# registry and queue slots) and of an empty queue object; `BASE_MEMORY` stands for the
+# server's fixed structures.
 QUEUE_MEMORY = 900
 BASE_MEMORY = 1024 * 1024
 DEDUP_MEMORY = 150

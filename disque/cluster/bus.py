@@ -166,7 +166,7 @@ class BusLink(asyncio.Protocol):
     def write_now(self, msgs: list[Message]) -> None:
         self.transport.write(encode_many(msgs, self.bus.membership.stats))
 
-    def flush(self) -> None:
+    def flush(self, shared: dict[Any, bytes] | None = None) -> None:
         queue = self.queue
         if not queue or self.closed:
             return
@@ -174,7 +174,7 @@ class BusLink(asyncio.Protocol):
         transport = self.transport
         stats = self.bus.membership.stats
         try:
-            data = encode_many(queue, stats)
+            data = encode_many(queue, stats, shared)
         except (OverflowError, ValueError, TypeError) as exc:
             data = self.salvage(queue, exc)
         transport.write(data)
@@ -314,8 +314,16 @@ class Bus:
         self.flush_scheduled = False
         pending = self.pending
         self.pending = set()
+        if len(pending) == 1:
+            for link in pending:
+                link.flush()
+            return
+        # the same REPLJOBs go to every replica: their frames are encoded once
+        queues = [link.queue for link in pending]  # keeps every message alive meanwhile
+        shared: dict[Any, bytes] = {}
         for link in pending:
-            link.flush()
+            link.flush(shared)
+        del queues
 
     async def connect(self, effect: Connect) -> None:
         m = self.membership

@@ -54,6 +54,7 @@ from disque.jobs.job import (
     F_BCAST_QUEUED,
     F_BCAST_WILLQUEUE,
     F_DUMMY,
+    JOB_MEMORY,
     QUEUED,
     WAIT_REPL,
     Job,
@@ -178,6 +179,11 @@ class ClusterJobs:
     leaving: bool
     out: list[tuple[bytes, Message]]
     replicating: dict[bytes, Replication]
+    jobs: Any
+    _jshards: Any
+    _jmask: int
+    _maxmemory: int
+    mem_used: int
 
     # ------------------------------------------------------------------ effects
     def send(self, node_id: bytes, msg: Message) -> None:
@@ -378,24 +384,28 @@ class ClusterJobs:
         q = self.lookup_queue(rec.queue)
         if q is not None and q.paused & PAUSE_IN:
             return None
-        job = self.lookup_job(rec.id)
-        if job is not None:
-            merged = job.delivered + tuple(n for n in rec.delivered if n not in job.delivered)
-            job.delivered = merged
-            return job
         delivered = rec.delivered
         if self.myself not in delivered:
             delivered = delivered + (self.myself,)
         # job_from_record, inlined (the replica's hot path); the queue name is shared
-        job = Job(rec.id, q.name if q is not None else rec.queue, rec.body, rec.repl,
+        job_id = rec.id
+        job = Job(job_id, q.name if q is not None else rec.queue, rec.body, rec.repl,
                   rec.ctime, now + rec.ttl_ms, rec.delay, rec.retry, delivered)
+        # register() and the lookup of a copy we already hold in one probe of the
+        # registry (among millions of jobs, each probe is a cache miss)
+        known = self._jshards[hash(job_id) & self._jmask].setdefault(job_id, job)
+        if known is not job:
+            known.delivered = known.delivered + tuple(
+                n for n in rec.delivered if n not in known.delivered)
+            return known
+        self.jobs._len += 1
+        self.mem_used += JOB_MEMORY + len(job.body)
         job.nacks = rec.nacks
         job.deliveries = rec.deliveries
         job.state = ACTIVE
         if job.retry:
             job.qtime = (now + (job.delay + job.retry) * 1000
                          + int(self._random() * 500) - 250)
-        self.register(job)
         self.schedule_job(job)
         if self.persist is not None:
             self.persist.loadjob(job)

@@ -424,10 +424,15 @@ def decode_frame(payload: bytes | bytearray | memoryview) -> list[Message]:
     return [cls.from_payload(header, body)]
 
 
-def encode_many(msgs: Iterable[Message], stats: BusStats | None = None) -> bytes:
+def encode_many(msgs: Iterable[Message], stats: BusStats | None = None,
+                shared: dict[tuple[Any, ...], bytes] | None = None) -> bytes:
     """Frames of several messages as one buffer (one write for a batch). A run of
     consecutive messages of one batchable type with the same header and batch key (REPLJOB
-    with the same `noreply`, GOTJOB with the same `aux`...) becomes one frame."""
+    with the same `noreply`, GOTJOB with the same `aux`...) becomes one frame.
+
+    `shared`: frames already made for the same run of message objects, for a caller that
+    encodes several links' queues in one go while those objects live (the same REPLJOBs go
+    to every replica: one encoding for all)."""
     parts = []
     run: list[Any] = []
     run_cls: Any = None
@@ -442,12 +447,12 @@ def encode_many(msgs: Iterable[Message], stats: BusStats | None = None) -> bytes
                 run.append(m)
                 continue
             if run:
-                _flush_run(run_cls, run, parts, stats)
+                _flush_run(run_cls, run, parts, stats, shared)
             run = [m]
             run_cls, run_key, run_header = cls, key, m.header
             continue
         if run:
-            _flush_run(run_cls, run, parts, stats)
+            _flush_run(run_cls, run, parts, stats, shared)
             run = []
             run_cls = None
         frame = m.encode()
@@ -455,12 +460,21 @@ def encode_many(msgs: Iterable[Message], stats: BusStats | None = None) -> bytes
             stats.sent(m.TYPE, len(frame), m.n)
         parts.append(frame)
     if run:
-        _flush_run(run_cls, run, parts, stats)
+        _flush_run(run_cls, run, parts, stats, shared)
     return b"".join(parts)
 
 
-def _flush_run(cls: Any, run: list[Any], parts: list[bytes], stats: BusStats | None) -> None:
-    frame = cls.encode_batch(run)
+def _flush_run(cls: Any, run: list[Any], parts: list[bytes], stats: BusStats | None,
+               shared: dict[tuple[Any, ...], bytes] | None = None) -> None:
+    if shared is not None:
+        # the same message objects, in the same order (ids are unique among live objects,
+        # and every message of the caller's queues is alive while it encodes them)
+        key = tuple([id(m) for m in run])
+        frame = shared.get(key)
+        if frame is None:
+            frame = shared[key] = cls.encode_batch(run)
+    else:
+        frame = cls.encode_batch(run)
     if stats is not None:
         stats.sent(cls.TYPE, len(frame), len(run))
     parts.append(frame)

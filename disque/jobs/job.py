@@ -15,6 +15,10 @@ STATE_BY_NAME = {name: i for i, name in enumerate(STATE_NAMES)}
 # returned) and came back from the AOF with another expiry. ADDJOB refuses more.
 MAX_JOB_SECONDS = 10 * 365 * 86400
 
+# The measured Python cost of a queued job besides its body (object, ID, registry and queue
+# slots), for INFO used_memory and the maxmemory rules (see disque.node).
+JOB_MEMORY = 480
+
 # flags
 F_BCAST_QUEUED = 1  # queued at least once on this node: a later queueing counts a delivery
 F_BCAST_WILLQUEUE = 2  # WILLQUEUE already sent for the current requeue cycle

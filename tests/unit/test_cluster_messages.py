@@ -155,6 +155,18 @@ def test_a_repljob_frame_carries_each_node_id_once_and_jobs_share_their_delivere
     assert nid == id(bus._node_id(bytes(NODE_B)))  # one shared object per node ID
 
 
+def test_links_sharing_a_run_of_messages_share_its_frame_and_only_that_run() -> None:
+    h = header()
+    m = [bus.ReplJob(h, _record(i), False) for i in range(4)]
+    shared: dict = {}
+    to_b = encode_many([m[0], m[1], m[3]], None, shared)
+    to_c = encode_many([m[0], m[2], m[3]], None, shared)  # same ends, another middle
+    to_d = encode_many([m[0], m[1], m[3]], None, shared)
+    assert to_b == to_d == encode_many([m[0], m[1], m[3]])
+    assert to_c == encode_many([m[0], m[2], m[3]]) != to_b
+    assert len(shared) == 2
+
+
 def test_a_batched_frame_is_smaller_than_its_messages_one_by_one() -> None:
     h = header()
     msgs = [bus.GotJob(h, _job_id(i)) for i in range(100)]
