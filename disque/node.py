@@ -459,9 +459,14 @@ class Node(ClusterJobs):
                         external: bool, async_: bool, now: int) -> Job:
         """ADDJOB with copies on other nodes: sync (the job waits in wait-repl and the
         command layer parks the client with wait_replication) or ASYNC."""
-        # every reachable node when all are needed (R3 on 3 nodes): no sampling to pay for
-        targets = (list(reachable) if needed == len(reachable)
-                   else self.rng.sample(reachable, needed))
+        # every reachable node when all are needed (R3 on 3 nodes): no sampling to pay for;
+        # one of them (R2): one random() rather than rng.sample's machinery
+        if needed == len(reachable):
+            targets = list(reachable)
+        elif needed == 1:
+            targets = [reachable[int(self._random() * len(reachable))]]
+        else:
+            targets = self.rng.sample(reachable, needed)
         job.delivered = (() if external else self._self_only) + tuple(targets)
         if async_ and external:
             self.start_replication(job, targets, True, True)  # never registered here
