@@ -28,8 +28,11 @@ Batched frames (protocol version 2): the node speaks one job per message, but on
 messages about jobs (REPLJOB and every message carrying a job ID and an `aux` integer: GOTJOB,
 SETACK, GOTACK, DELJOB, QUEUED, WILLQUEUE, ENQUEUE, WORKING) always travel as a list, so that
 `encode_many` packs a run of consecutive messages of one type (same sender header, same
-`aux` / `noreply`) into one frame: `[[rec, rec, ...], noreply]`, `[[id, id, ...], aux]`. The
-decoder gives the messages back one by one, in order. Under load the replication round trip
+`aux` / `noreply`) into one frame: `[[rec, rec, ...], noreply, [node id, ...]]` (a REPLJOB's
+records name their nodes by index into that table: each 40-byte ID once per frame),
+`[[id, id, ...], aux]`. The decoder gives the messages back one by one, in order, except a
+frame of several REPLJOBs or GOTJOBs, which reaches the node as one `ReplJobBatch` /
+`GotJobBatch` that it handles in one call. Under load the replication round trip
 of a hundred jobs to a node is then one frame each way, one header to pack and to check,
 instead of a hundred. The original's REPLJOB header had a job count for the same purpose,
 which it never used.
