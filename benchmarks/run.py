@@ -12,6 +12,7 @@ Scenarios (pick with `--only`):
   and ASYNC, and REPLICATE 2, from 50 connections spread over the nodes (one
   redis-benchmark per node, run in parallel), and produce-on-one-node / consume-on-another (GETJOB + ACKJOB) with loadgen.py,
   so every job crosses the cluster bus. There is no redis-server equivalent.
+- restart: a node of 3 killed and restarted, ms until both peers see it again (benchmarks/restart.py).
 - memory: a fresh node gets `--jobs-for-memory` jobs with 16-byte bodies; the growth of INFO
   `used_memory` and `used_memory_rss` over the empty node, per job (and the same for a fresh
   redis-server list, for scale).
@@ -56,7 +57,7 @@ from benchmarks.loadgen import Client, E2EConfig, E2EResult, run_e2e
 from disque.tools.ports import free_port  # noqa: F401 - also used by benchmarks.aof
 
 REPO = Path(__file__).resolve().parent.parent
-SCENARIOS = ("ping", "addjob", "getjob", "e2e", "cluster", "memory", "spark", "aof")
+SCENARIOS = ("ping", "addjob", "getjob", "e2e", "cluster", "restart", "memory", "spark", "aof")
 BODY16 = "0123456789abcdef"
 
 
@@ -88,7 +89,7 @@ class Server:
         self.log = workdir / f"{name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout: float = 30.0) -> Server:
+    def start(self, timeout: float = 30.0, poll: float = 0.05) -> Server:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
         with open(self.log, "ab") as log:
@@ -108,7 +109,7 @@ class Server:
                         return self
             except (OSError, RuntimeError) as exc:
                 last = exc
-            time.sleep(0.05)
+            time.sleep(poll)
         raise RuntimeError(f"{self.name} did not answer PING on port {self.port} within "
                            f"{timeout}s (last error {last!r}):\n{self.log_tail()}")
 
@@ -890,6 +891,7 @@ def main(argv: list[str] | None = None) -> int:
     memory: dict[str, Any] = {}
     spark: dict[str, Any] = {}
     aof: dict[str, Any] = {}
+    restart: dict[str, Any] = {}
     harness_error: str | None = None
     disque_error: str | None = None
     original_error: str | None = None
@@ -897,7 +899,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="disque-bench-") as tmp, _sigterm_as_interrupt():
         work = Path(tmp)
         try:
-            load_scenarios = [s for s in a.only if s not in ("memory", "cluster", "spark", "aof")]
+            load_scenarios = [s for s in a.only
+                              if s not in ("memory", "cluster", "restart", "spark", "aof")]
             if load_scenarios:
                 r = redis_server(work, server_cpus)
                 lineup: Lineup = [("disque", disque_server(work, server_cpus)), ("redis", r)]
@@ -954,6 +957,9 @@ def main(argv: list[str] | None = None) -> int:
                     original_error = memory["original"]["error"]
                 if "original" in memory:
                     memory["py_over_original"] = memory_ratios(memory, "original")
+            if "restart" in a.only:
+                from benchmarks.restart import scenario_restart
+                restart = scenario_restart(work, server_cpus, _say, original_cmd)
             if "aof" in a.only:
                 from benchmarks.aof import AofOptions, scenario_aof
                 aof_rows, aof = scenario_aof(work, server_cpus, o, AofOptions(
@@ -977,6 +983,9 @@ def main(argv: list[str] | None = None) -> int:
     if spark:
         from benchmarks.spark_bench import print_spark
         print_spark(spark, _say)
+    if restart:
+        from benchmarks.restart import print_restart
+        print_restart(restart, _say)
     if aof:
         from benchmarks.aof import print_aof
         print_aof(aof)
@@ -1000,6 +1009,7 @@ def main(argv: list[str] | None = None) -> int:
         "memory": memory,
         "spark": spark,
         "aof": aof,
+        "restart": restart,
         "targets": targets,
         "disque_error": disque_error,
         "original_error": original_error,
