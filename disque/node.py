@@ -386,10 +386,7 @@ class Node(ClusterJobs):
         """ADDJOB after option parsing: checks 3..7 of the checklist, in order."""
         m = self.membership
         clustered = m is not None and m.size() > 1
-        if replicate is None or ttl is None or retry is None or delay or retry == 0:
-            repl, ttl, retry = self.job_options(replicate, ttl, retry, delay)
-        else:  # every option given and nothing to check (the usual producer call)
-            repl = replicate
+        repl, ttl, retry = self.job_options(replicate, ttl, retry, delay)
         # External replication (checklist section 4): above 75% of maxmemory, or when leaving,
         # the node keeps no copy. A lone node has nobody to hold it, so it keeps its own.
         external = False

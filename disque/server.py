@@ -72,7 +72,7 @@ class Client(asyncio.Protocol):
                  "null_array", "authenticated", "name", "addr", "laddr", "ctime",
                  "last_interaction", "waiter", "pending", "closing", "monitor", "last_cmd",
                  "reply_mode", "lib_name", "lib_ver", "soft_limit_since", "held", "held_bytes",
-                 "aof_held", "write_paused", "flush_deferred")
+                 "aof_held", "write_paused", "in_deferred")
 
     def __init__(self, server: Server) -> None:
         self.server = server
@@ -107,7 +107,7 @@ class Client(asyncio.Protocol):
         self.held_bytes = 0
         self.aof_held = False  # replies wait for the AOF fsync (appendfsync always)
         self.write_paused = False  # backpressure: the peer does not read its replies
-        self.flush_deferred = False  # in server.deferred: written at the end of the iteration
+        self.in_deferred = False  # in server.deferred: written at the end of the iteration
 
     # ------------------------------------------------------------------ asyncio callbacks
     def connection_made(self, transport: Any) -> None:
@@ -273,11 +273,11 @@ class Client(asyncio.Protocol):
         if pending:
             self.pending = []
             self.run(pending)
-        if self.out and not self.flush_deferred:
+        if self.out and not self.in_deferred:
             # Unblocked from a bus message or a timer: many clients (and the same client
             # several times, pipelined GETJOBs served from one YOURJOBS) are answered in
             # one callback, so the write waits for the end of the loop iteration.
-            self.flush_deferred = True
+            self.in_deferred = True
             self.server.defer_flush(self)
         self.run_held()
 
@@ -564,7 +564,7 @@ class Server:
         clients = self.deferred
         self.deferred = []
         for c in clients:
-            c.flush_deferred = False
+            c.in_deferred = False
             if not c.closing and c.transport is not None:
                 c.flush()
 
@@ -822,12 +822,9 @@ class Server:
             n = get(node_id)
             if n is not None and n.out_link is not None:
                 n.out_link.send(msg)
-        bus = self.bus
-        bus.apply()
         # This already runs at the end of the loop iteration: write now rather than one
         # more loop pass later (a replication round trip crosses this twice).
-        if bus.pending:
-            bus.flush()
+        self.bus.apply(flush_now=True)
 
     def bus_cron(self) -> None:
         """The cluster's 100 ms tick (failure detection, pings, handshakes)."""

@@ -287,8 +287,9 @@ class Bus:
             self.save_retry_at = time.monotonic() + 1.0
 
     # ------------------------------------------------------------------ effects out
-    def apply(self) -> None:
-        """Carry out what Membership asked for, in order."""
+    def apply(self, flush_now: bool = False) -> None:
+        """Carry out what Membership asked for, in order; the links' writes go at the end
+        of the loop iteration, or now (`flush_now`: the caller runs there already)."""
         m = self.membership
         while m.outbox:
             for effect in m.drain():
@@ -304,7 +305,10 @@ class Bus:
                     self.save()
                 elif kind is Log:
                     log.info(effect.event, **effect.fields)
-        if self.pending and not self.flush_scheduled:
+        if flush_now:
+            if self.pending:
+                self.flush()
+        elif self.pending and not self.flush_scheduled:
             self.flush_scheduled = True
             assert self.loop is not None
             self.loop.call_soon(self.flush)
@@ -314,16 +318,10 @@ class Bus:
         self.flush_scheduled = False
         pending = self.pending
         self.pending = set()
-        if len(pending) == 1:
-            for link in pending:
-                link.flush()
-            return
         # the same REPLJOBs go to every replica: their frames are encoded once
-        queues = [link.queue for link in pending]  # keeps every message alive meanwhile
-        shared: dict[Any, bytes] = {}
+        shared: dict[Any, bytes] | None = {} if len(pending) > 1 else None
         for link in pending:
             link.flush(shared)
-        del queues
 
     async def connect(self, effect: Connect) -> None:
         m = self.membership

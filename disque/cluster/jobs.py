@@ -108,7 +108,7 @@ class Replication:
     __slots__ = ("job", "waiter", "followers", "external", "node", "deadline", "next_tick",
                  "awake")
 
-    def __init__(self, job: Job, waiter: ReplWaiter, external: bool, node: Any = None) -> None:
+    def __init__(self, job: Job, waiter: ReplWaiter, external: bool, node: Any) -> None:
         self.job = job
         self.waiter = waiter
         self.followers: list[ReplWaiter] = []  # DEDUP retries of the same ADDJOB
@@ -117,6 +117,11 @@ class Replication:
         self.deadline = 0  # ms: the ADDJOB timeout (0: none)
         self.next_tick = 0  # ms: one more target then, while short
         self.awake = 0
+
+    def wake_at(self) -> int:
+        """The next retry tick, or the timeout if it comes first."""
+        deadline = self.deadline
+        return deadline if deadline and deadline < self.next_tick else self.next_tick
 
     def callback(self, now: int) -> None:
         """Called by the node's timer wheel (see Node.tick)."""
@@ -144,9 +149,12 @@ def job_record(job: Job, now: int) -> JobRecord:
                                   job.nacks, job.deliveries, job.delivered))
 
 
-def job_from_record(rec: JobRecord, now: int) -> Job:
-    job = Job(rec.id, rec.queue, rec.body, rec.repl, rec.ctime, now + rec.ttl_ms, rec.delay,
-              rec.retry, rec.delivered)
+def job_from_record(rec: JobRecord, now: int, queue: bytes | None = None,
+                    delivered: tuple[bytes, ...] | None = None) -> Job:
+    """An active job from a record; `queue` / `delivered` replace the record's (a queue
+    name object already held, a list with this node added)."""
+    job = Job(rec.id, queue or rec.queue, rec.body, rec.repl, rec.ctime, now + rec.ttl_ms,
+              rec.delay, rec.retry, rec.delivered if delivered is None else delivered)
     job.nacks = rec.nacks
     job.deliveries = rec.deliveries
     job.state = ACTIVE
@@ -244,8 +252,7 @@ class ClusterJobs:
         rep.next_tick = now + REPL_RETRY_MS
         if timeout_ms:
             rep.deadline = now + timeout_ms
-        self.wheel.schedule(rep, rep.next_tick if not timeout_ms or timeout_ms > REPL_RETRY_MS
-                            else rep.deadline)
+        self.wheel.schedule(rep, rep.wake_at())
 
     def repl_wake(self, rep: Replication, now: int) -> None:
         """The wheel woke a replication: time out, or one more retry tick."""
@@ -257,10 +264,7 @@ class ClusterJobs:
         if now >= rep.next_tick:
             self.repl_tick(rep.job.id)
             rep.next_tick = now + REPL_RETRY_MS
-        when = rep.next_tick
-        if rep.deadline and rep.deadline < when:
-            when = rep.deadline
-        self.wheel.schedule(rep, when)
+        self.wheel.schedule(rep, rep.wake_at())
 
     def repl_tick(self, job_id: bytes) -> None:
         """TIMER every 50 ms while short of the replication factor: add one more reachable
@@ -365,17 +369,17 @@ class ClusterJobs:
             return
         now = self.clock()
         hold_copy = self.hold_copy
-        if msg.noreply:
-            for rec in msg.jobs:
+        if msg.key:  # noreply
+            for rec in msg.items:
                 hold_copy(rec, now)
             return
         ids = []
-        for rec in msg.jobs:
+        for rec in msg.items:
             job = hold_copy(rec, now)
             if job is not None:
                 ids.append(job.id)
         if ids:
-            self.send(sender, GotJobBatch(self.header(), ids) if len(ids) > 1
+            self.send(sender, GotJobBatch(self.header(), ids, 0) if len(ids) > 1
                       else GotJob(self.header(), ids[0]))
 
     def hold_copy(self, rec: JobRecord, now: int) -> Job | None:
@@ -387,12 +391,10 @@ class ClusterJobs:
         delivered = rec.delivered
         if self.myself not in delivered:
             delivered = delivered + (self.myself,)
-        # job_from_record, inlined (the replica's hot path); the queue name is shared
-        job_id = rec.id
-        job = Job(job_id, q.name if q is not None else rec.queue, rec.body, rec.repl,
-                  rec.ctime, now + rec.ttl_ms, rec.delay, rec.retry, delivered)
+        job = job_from_record(rec, now, q.name if q is not None else None, delivered)
         # register() and the lookup of a copy we already hold in one probe of the
         # registry (among millions of jobs, each probe is a cache miss)
+        job_id = rec.id
         known = self._jshards[hash(job_id) & self._jmask].setdefault(job_id, job)
         if known is not job:
             known.delivered = known.delivered + tuple(
@@ -400,9 +402,6 @@ class ClusterJobs:
             return known
         self.jobs._len += 1
         self.mem_used += JOB_MEMORY + len(job.body)
-        job.nacks = rec.nacks
-        job.deliveries = rec.deliveries
-        job.state = ACTIVE
         if job.retry:
             job.qtime = (now + (job.delay + job.retry) * 1000
                          + int(self._random() * 500) - 250)
@@ -417,7 +416,7 @@ class ClusterJobs:
 
     def on_gotjob_batch(self, sender: bytes, msg: GotJobBatch) -> None:
         got_job = self.got_job
-        for job_id in msg.job_ids:
+        for job_id in msg.items:
             got_job(sender, job_id)
 
     def got_job(self, sender: bytes, job_id: bytes) -> None:

@@ -184,8 +184,10 @@ class Message:
         """Build the message from a decoded payload list, validating it (BusProtocolError)."""
         raise NotImplementedError
 
-    # Messages of a batchable type (BATCH_KEY not None) are packed several to a frame.
+    # Messages of a batchable type (BATCH_KEY not None) are packed several to a frame; a
+    # frame of several reaches the node as one BATCH message when the type has one.
     BATCH_KEY: ClassVar[str | None] = None
+    BATCH: ClassVar[type[BatchOf] | None] = None
     n: int = 1  # how many jobs' messages this object stands for (a batch: several)
 
     def encode(self) -> bytes:
@@ -199,6 +201,12 @@ class Message:
     def encode_batch(cls, msgs: list[Any]) -> bytes:
         """One frame for a run of messages of this batchable type that share the header
         and the batch key (see encode_many)."""
+        raise NotImplementedError
+
+    @classmethod
+    def frame(cls, header: Header, items: list[Any], key: Any) -> bytes:
+        """The frame of a batchable type holding `items` (job IDs or records) with their
+        shared batch key."""
         raise NotImplementedError
 
     @classmethod
@@ -470,8 +478,9 @@ def encode_many(msgs: Iterable[Message], stats: BusStats | None = None,
 def _flush_run(cls: Any, run: list[Any], parts: list[bytes], stats: BusStats | None,
                shared: dict[tuple[Any, ...], bytes] | None = None) -> None:
     if shared is not None:
-        # the same message objects, in the same order (ids are unique among live objects,
-        # and every message of the caller's queues is alive while it encodes them)
+        # the same message objects in the same order: every message of the caller's queues
+        # existed, all at once, before it began, so their ids tell them apart (objects
+        # freed since are no messages of those queues)
         key = tuple([id(m) for m in run])
         frame = shared.get(key)
         if frame is None:
@@ -729,13 +738,44 @@ class _JobIdMessage(Message):
     @classmethod
     def encode_batch(cls, msgs: list[Any]) -> bytes:
         first = msgs[0]
-        return _batch_frame(cls, first.header, [m.job_id for m in msgs], first.aux)
+        return cls.frame(first.header, [m.job_id for m in msgs], first.aux)
+
+    @classmethod
+    def frame(cls, header: Header, job_ids: list[bytes], aux: int) -> bytes:
+        return _batch_frame(cls, header, job_ids, aux)
 
     @classmethod
     def decode_batch(cls, header: Header, payload: list[Any]) -> list[Message]:
-        ids = _batch_items(payload, TYPE_NAMES[cls.TYPE])
+        ids = [_job_id(job_id) for job_id in _batch_items(payload, TYPE_NAMES[cls.TYPE])]
         aux = _uint(payload[1], "aux")
-        return [cls(header, _job_id(job_id), aux) for job_id in ids]
+        if len(ids) > 1 and cls.BATCH is not None:
+            return [cls.BATCH(header, ids, aux)]
+        return [cls(header, job_id, aux) for job_id in ids]
+
+
+class BatchOf(Message):
+    """The messages of one frame of a batchable type, handed to the node as one message
+    (`items`: their job IDs or records, `key`: their shared aux / noreply) so that the hot
+    ones (REPLJOB, GOTJOB) cost no object and no dispatch per job."""
+
+    __slots__ = ("items", "key", "n")
+    SINGLE: ClassVar[Any]  # the message type this is a batch of
+
+    def __init__(self, header: Header, items: list[Any], key: Any) -> None:
+        self.header = header
+        self.items = items
+        self.key = key
+        self.n = len(items)
+
+    def payload(self) -> tuple[list[Any], Any]:
+        return (self.items, self.key)
+
+    def messages(self) -> list[Message]:
+        single = self.SINGLE
+        return [single(self.header, item, self.key) for item in self.items]
+
+    def encode(self) -> bytes:
+        return self.SINGLE.frame(self.header, self.items, self.key)
 
 
 @message_type
@@ -745,33 +785,16 @@ class GotJob(_JobIdMessage):
     __slots__ = ()
     TYPE = GOTJOB
 
-    @classmethod
-    def decode_batch(cls, header: Header, payload: list[Any]) -> list[Message]:
-        ids = _batch_items(payload, "gotjob")
-        aux = _uint(payload[1], "aux")
-        if len(ids) == 1:
-            return [cls(header, _job_id(ids[0]), aux)]
-        return [GotJobBatch(header, [_job_id(job_id) for job_id in ids], aux)]
 
+class GotJobBatch(BatchOf):
+    """Several GOTJOBs of one frame."""
 
-class GotJobBatch(Message):
-    """Several GOTJOBs of one frame, handed to the node as one message (the replication
-    round trip's hot path: no object, no dispatch per job)."""
-
-    __slots__ = ("job_ids", "aux", "n")
+    __slots__ = ()
     TYPE = GOTJOB
+    SINGLE = GotJob
 
-    def __init__(self, header: Header, job_ids: list[bytes], aux: int = 0) -> None:
-        self.header = header
-        self.job_ids = job_ids
-        self.aux = aux
-        self.n = len(job_ids)
 
-    def payload(self) -> tuple[list[bytes], int]:
-        return (self.job_ids, self.aux)
-
-    def messages(self) -> list[GotJob]:
-        return [GotJob(self.header, job_id, self.aux) for job_id in self.job_ids]
+GotJob.BATCH = GotJobBatch
 
 
 @message_type
@@ -856,6 +879,10 @@ class ReplJob(Message):
         return _repljob_frame(first.header, [m.job for m in msgs], first.noreply)
 
     @classmethod
+    def frame(cls, header: Header, jobs: list[JobRecord], noreply: bool) -> bytes:
+        return _repljob_frame(header, jobs, noreply)
+
+    @classmethod
     def decode_batch(cls, header: Header, payload: list[Any]) -> list[Message]:
         if len(payload) != 3:
             raise BusProtocolError(f"REPLJOB payload has {len(payload)} fields, expected 3")
@@ -870,31 +897,21 @@ class ReplJob(Message):
             raise BusProtocolError("bad REPLJOB node table")
         table = [_node_id(n) for n in nodes]
         cache: dict[tuple[int, ...], tuple[bytes, ...]] = {}
-        if len(recs) == 1:
-            return [cls(header, _job_record(recs[0], table, cache), noreply)]
-        return [ReplJobBatch(header, [_job_record(r, table, cache) for r in recs], noreply)]
+        jobs = [_job_record(r, table, cache) for r in recs]
+        if len(jobs) == 1:
+            return [cls(header, jobs[0], noreply)]
+        return [cls.BATCH(header, jobs, noreply)]  # type: ignore[misc]
 
 
-class ReplJobBatch(Message):
-    """Several REPLJOBs of one frame, handed to the node as one message."""
+class ReplJobBatch(BatchOf):
+    """Several REPLJOBs of one frame."""
 
-    __slots__ = ("jobs", "noreply", "n")
+    __slots__ = ()
     TYPE = REPLJOB
+    SINGLE = ReplJob
 
-    def __init__(self, header: Header, jobs: list[JobRecord], noreply: bool = False) -> None:
-        self.header = header
-        self.jobs = jobs
-        self.noreply = noreply
-        self.n = len(jobs)
 
-    def payload(self) -> tuple[list[JobRecord], bool]:
-        return (self.jobs, self.noreply)
-
-    def encode(self) -> bytes:
-        return _repljob_frame(self.header, self.jobs, self.noreply)
-
-    def messages(self) -> list[ReplJob]:
-        return [ReplJob(self.header, rec, self.noreply) for rec in self.jobs]
+ReplJob.BATCH = ReplJobBatch
 
 
 @message_type

@@ -185,23 +185,11 @@ _NO_OPTIONS = AddJobOptions()  # shared, never modified: plain `ADDJOB q body ti
 def cmd_addjob(c: Any, argv: list[bytes]) -> None:
     o = _NO_OPTIONS if len(argv) == 4 else parse_addjob_options(argv, 4, len(argv))
     timeout = 0 if argv[3] == b"0" else timeout_arg(argv[3])
-    if o.dedup is not None:
-        res = add_one_job(c, argv[1], argv[2], timeout, o, o.dedup)
-        if type(res) is bytes:
-            c.out.append(res)
-        else:
-            c.block(res)
-        return
-    # add_one_job without DEDUP, inlined: the single-node ADDJOB hot path
-    node = c.node
-    job = node.add_job(argv[1], argv[2], timeout, o.replicate, o.ttl, o.retry, o.delay,
-                       o.maxlen, o.async_)
-    if job.state == WAIT_REPL:
-        waiter = BlockedAddJob(c, argv[1], None)
-        node.wait_replication(job, waiter, timeout)
-        c.block(waiter)
-        return
-    c.out.append(b"+%b\r\n" % job.id)
+    res = add_one_job(c, argv[1], argv[2], timeout, o, o.dedup)
+    if type(res) is bytes:
+        c.out.append(res)
+    else:
+        c.block(res)
 
 
 @command("addjobs", -5, "write denyoom")

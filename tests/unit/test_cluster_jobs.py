@@ -239,7 +239,7 @@ def test_a_frame_of_repljobs_is_held_like_single_ones_and_answered_with_one_gotj
     (to, msg), = r.take()
     # one GOTJOB message for the copies held, none for the paused queue's job
     assert to == A and type(msg) is GotJobBatch
-    assert msg.job_ids == [recs[0].id, known.id, recs[3].id]
+    assert msg.items == [recs[0].id, known.id, recs[3].id]
     assert set(known.delivered) == {A, ME, C}
     assert r.node.lookup_job(recs[2].id) is None
     for rec in (recs[0], recs[3]):
@@ -253,9 +253,9 @@ def test_a_frame_of_gotjobs_confirms_each_job() -> None:
     r = Rig(peers=(A, B))
     jobs = [r.add_sync(replicate=3)[0] for _ in range(3)]
     r.take()
-    r.node.on_message(A, GotJobBatch(hdr(A), [j.id for j in jobs]))
+    r.node.on_message(A, GotJobBatch(hdr(A), [j.id for j in jobs], 0))
     assert all(j.state == WAIT_REPL for j in jobs)
-    r.node.on_message(B, GotJobBatch(hdr(B), [j.id for j in jobs[:2]]))
+    r.node.on_message(B, GotJobBatch(hdr(B), [j.id for j in jobs[:2]], 0))
     assert [j.state for j in jobs] == [QUEUED, QUEUED, WAIT_REPL]
 
 

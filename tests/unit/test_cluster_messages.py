@@ -149,9 +149,9 @@ def test_a_repljob_frame_carries_each_node_id_once_and_jobs_share_their_delivere
     blob = encode_many([bus.ReplJob(h, r, False) for r in recs])
     assert blob.count(NODE_B) == 1  # in the node table only
     (batch,) = FrameDecoder().feed(blob)
-    assert batch.jobs == recs
-    assert len({id(r.delivered) for r in batch.jobs}) == 1
-    (nid,) = {id(n) for r in batch.jobs for n in r.delivered if n == NODE_B}
+    assert batch.items == recs
+    assert len({id(r.delivered) for r in batch.items}) == 1
+    (nid,) = {id(n) for r in batch.items for n in r.delivered if n == NODE_B}
     assert nid == id(bus._node_id(bytes(NODE_B)))  # one shared object per node ID
 
 

@@ -438,6 +438,15 @@ def test_an_unanswered_ping_resets_an_old_link_and_keeps_the_ping_time() -> None
     assert node.ping_sent == sent  # the timeout still counts from the first ping
 
 
+def fail_connects_until(m: Membership, clock: Clock, until: int) -> None:
+    """Tick every 100 ms up to `until`, every connection attempt failing."""
+    while clock.now <= until:
+        clock.now += 100
+        m.tick()
+        for c in of(m.drain(), Connect):
+            m.connect_failed(c.token)
+
+
 def test_a_connect_that_never_succeeds_ends_in_pfail() -> None:
     m, clock = make(node_timeout=1000)
     out = add_peer(m, A)
@@ -449,11 +458,7 @@ def test_a_connect_that_never_succeeds_ends_in_pfail() -> None:
     (connect,) = of(m.drain(), Connect)
     assert node.ping_sent == start
     m.connect_failed(connect.token)
-    while clock.now <= start + 1000:
-        clock.now += 100
-        m.tick()
-        for c in of(m.drain(), Connect):
-            m.connect_failed(c.token)
+    fail_connects_until(m, clock, start + 1000)
     assert node.flags == ["fail?"] and node.link == "disconnected"
 
 
@@ -465,12 +470,7 @@ def test_a_ping_from_a_node_we_cannot_connect_to_reconnects_at_once() -> None:
     node = m.get(A)
     assert node is not None
     m.link_closed(out)
-    start = clock.now
-    while clock.now <= start + 3000:  # down: connects fail, the backoff grows, it fails
-        clock.now += 100
-        m.tick()
-        for c in of(m.drain(), Connect):
-            m.connect_failed(c.token)
+    fail_connects_until(m, clock, clock.now + 3000)  # down: the backoff grows, it fails
     node.bits |= FAIL
     assert node.retry_at > clock.now and node.link == "disconnected"
     m.link_message(Link("in-A2"), Ping(hdr(A), []), ADDR[A])
