@@ -388,15 +388,16 @@ class Node(ClusterJobs):
         clustered = m is not None and m.size() > 1
         repl, ttl, retry = self.job_options(replicate, ttl, retry, delay)
         # External replication (checklist section 4): above 75% of maxmemory, or when leaving,
-        # the node keeps no copy. A lone node has nobody to hold it, so it keeps its own.
-        external = False
-        needed = repl - 1
+        # the node keeps no copy. Above 75% a lone node keeps its own (nobody else can hold
+        # it: a documented choice); a leaving one refuses the job as the original does, since
+        # it is about to drop whatever it holds.
+        external = self.leaving
         reachable: tuple[bytes, ...] = ()
         if clustered:
             reachable = m.reachable()
-            if self.leaving or (self.maxmemory and self.mem_used * 4 > self.maxmemory * 3):
+            if self.maxmemory and self.mem_used * 4 > self.maxmemory * 3:
                 external = True
-                needed = repl
+        needed = repl if external else repl - 1
         if needed > len(reachable):
             if external and needed - 1 == len(reachable):
                 why = "I'm leaving the cluster" if self.leaving else "I'm out of memory"

@@ -59,22 +59,29 @@ class ScanDict:
 
     def scan(self, cursor: int, count: int, keep: Callable[[Any], bool],
              busyloop: bool = False) -> tuple[int, list[Any]]:
-        """Visit shards from `cursor`; stop after `count` matches or 10 x count shards.
+        """Visit shards from `cursor`; stop after `count` matches or 10 x count elements.
 
         Returns (next cursor, values kept); next cursor 0 means the iteration is complete.
+        The bound counts elements, not shards: the original bounds the work by 10 x count
+        buckets of a table sized to its element count, so a filter matching nothing among
+        few elements ends in one call there. Counting our fixed, mostly empty shards instead
+        made e.g. `JSCAN 0 QUEUE <no such queue>` answer cursor 1000 on an idle node.
         """
         shards = self._shards
         n = len(shards)
         if cursor < 0 or cursor >= n:
             return 0, []
         found: list[Any] = []
-        visited = 0
+        limit = count * 10
+        examined = 0
         while cursor < n:
-            for value in shards[cursor].values():
-                if keep(value):
-                    found.append(value)
+            shard = shards[cursor]
             cursor += 1
-            visited += 1
-            if not busyloop and (len(found) >= count or visited >= count * 10):
-                break
+            if shard:
+                for value in shard.values():
+                    if keep(value):
+                        found.append(value)
+                examined += len(shard)
+                if not busyloop and (len(found) >= count or examined >= limit):
+                    break
         return (cursor if cursor < n else 0), found

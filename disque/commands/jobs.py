@@ -508,13 +508,19 @@ _CURSOR_LIMIT = 1 << 64
 
 
 def parse_cursor(token: bytes, cursor: int | None) -> int:
-    """A token that is no option is the cursor (unsigned 64-bit decimal), once."""
+    """A token that is no option is the cursor, once. It is read as the original's strtoul
+    does: an unsigned 64-bit decimal with an optional sign, a minus wrapping around (`-1` is
+    2^64-1), and an empty token meaning 0; anything else, or a value past 64 bits, is bad."""
     if cursor is not None:
         raise syntax()
+    if not token:
+        return 0
+    digits = token[1:] if token[:1] in (b"+", b"-") else token
     # (a length check first: int() refuses more than 4300 digits with a ValueError)
-    if not token.isdigit() or len(token) > 20 or int(token) >= _CURSOR_LIMIT:
+    if not digits.isdigit() or len(digits.lstrip(b"0")) > 20 or int(digits) >= _CURSOR_LIMIT:
         raise err("invalid cursor or option name")
-    return int(token)
+    value = int(digits)
+    return (_CURSOR_LIMIT - value) % _CURSOR_LIMIT if token[:1] == b"-" else value
 
 
 def scan_args(argv: list[bytes], valued: dict[bytes, Callable[[bytes], Any]]

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from tests.harness import DisqueProcess
 from tests.integration.resp import JOB_ID_RE, Conn, Err, Status, add, node_id, show
 
 
@@ -212,6 +213,27 @@ def test_replicate_above_one_on_a_single_node_is_norepl(
     raw = conn.call("ADDJOB", q, "b", "0", "REPLICATE", "2", *extra)
     assert raw == b"-NOREPL Not enough reachable nodes for the requested replication level\r\n"
     assert conn.cmd("QLEN", q) == 0
+
+
+@pytest.mark.parametrize("extra", [(), ("ASYNC",)])
+def test_lone_leaving_node_refuses_addjob_with_the_norepl_reason(
+        server: DisqueProcess, extra: tuple[str, ...]) -> None:
+    """Issue 15 / checklist ADDJOB external replication: a leaving node keeps no copy, so
+    alone it cannot hold even REPLICATE 1; disque-py accepted a job it was about to drop."""
+    conn = Conn(server.port)
+    try:
+        assert conn.cmd("CLUSTER", "LEAVING", "yes") == Status("OK")
+        raw = conn.call("ADDJOB", "q", "body", "0", "REPLICATE", "1", *extra)
+        assert raw == (b"-NOREPL Not enough reachable nodes for the requested replication "
+                       b"level, since I'm unable to hold a copy of the message for the "
+                       b"following reason: I'm leaving the cluster\r\n")
+        assert conn.call("ADDJOB", "q", "body", "0", "REPLICATE", "2") == (
+            b"-NOREPL Not enough reachable nodes for the requested replication level\r\n")
+        assert conn.cmd("QLEN", "q") == 0
+        assert conn.cmd("CLUSTER", "LEAVING", "no") == Status("OK")
+        assert JOB_ID_RE.match(conn.cmd("ADDJOB", "q", "body", "0"))
+    finally:
+        conn.close()
 
 
 def test_delay_check_comes_before_norepl(conn: Conn, q: str) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tests.harness import DisqueProcess
 from tests.integration.resp import SHOW_FIELDS, Conn, Status, add, keys_of, pairs, parse
 
 
@@ -105,7 +106,7 @@ def test_qscan_importrate_filter_on_single_node_matches_nothing(conn: Conn, q: s
     [
         (("abc",), b"-ERR invalid cursor or option name\r\n"),
         (("COUNT",), b"-ERR invalid cursor or option name\r\n"),
-        (("-1",), b"-ERR invalid cursor or option name\r\n"),
+        (("-",), b"-ERR invalid cursor or option name\r\n"),
         (("0", "0"), b"-ERR syntax error\r\n"),
         (("COUNT", "x"), b"-ERR value is not an integer or out of range\r\n"),
         (("MINLEN", "x"), b"-ERR value is not an integer or out of range\r\n"),
@@ -178,6 +179,20 @@ def test_jscan_queue_filter_is_exact(conn: Conn, q: str) -> None:
     mine = add(conn, q)
     add(conn, q + "x")
     assert conn.cmd("JSCAN", "BUSYLOOP", "QUEUE", q)[1] == [mine]
+
+
+def test_jscan_of_a_missing_queue_answers_cursor_zero(server: DisqueProcess) -> None:
+    """Issue 15: `JSCAN 0 QUEUE <no such queue>` answered cursor 1000 where the original,
+    scanning a table sized to its few jobs, is done in one call (cursor 0)."""
+    conn = Conn(server.port)
+    try:
+        for _ in range(20):
+            add(conn, "present")
+        assert conn.cmd("JSCAN", "0", "QUEUE", "absent") == [b"0", []]
+        assert conn.cmd("QSCAN", "0", "MINLEN", "1000") == [b"0", []]
+        assert len(conn.cmd("JSCAN", "0", "QUEUE", "present", "COUNT", "1000")[1]) == 20
+    finally:
+        conn.close()
 
 
 def test_jscan_state_filter(conn: Conn, q: str) -> None:

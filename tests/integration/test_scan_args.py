@@ -55,3 +55,27 @@ def test_scan_cursor_beyond_64_bits_is_invalid(conn: Conn, cursor: str) -> None:
 def test_scan_cursor_max_64_bit_value_is_accepted(conn: Conn) -> None:
     reply = conn.cmd("QSCAN", "18446744073709551615")
     assert isinstance(reply, list) and len(reply) == 2
+
+
+@pytest.mark.parametrize("command", ["QSCAN", "JSCAN"])
+@pytest.mark.parametrize("cursor", ["-1", "-18446744073709551615", "+0", "-0", "",
+                                    "00000000000000000000000000000"])
+def test_scan_cursor_is_read_like_strtoul(conn: Conn, command: str, cursor: str) -> None:
+    """Issue 15: the original reads the cursor with strtoul, which takes a sign (a minus
+    wraps: `-1` is 2^64-1) and an empty string as 0, so `QSCAN -1` answers a cursor and a
+    page; disque-py answered `-ERR invalid cursor or option name`."""
+    reply = conn.cmd(command, cursor)
+    assert isinstance(reply, list) and len(reply) == 2, reply
+    assert isinstance(reply[0], bytes) and reply[0].isdigit() and isinstance(reply[1], list)
+
+
+def test_scan_cursor_minus_one_is_the_largest_cursor(conn: Conn) -> None:
+    assert conn.cmd("QSCAN", "-1") == conn.cmd("QSCAN", "18446744073709551615")
+    assert conn.cmd("QSCAN", "-18446744073709551615")[0] == conn.cmd("QSCAN", "1")[0]
+
+
+@pytest.mark.parametrize("cursor", ["-", "+", "--1", "+-1", " 1", "1 ", "-18446744073709551616",
+                                    "0x10", "1e3"])
+def test_scan_cursor_strtoul_refuses(conn: Conn, cursor: str) -> None:
+    assert conn.call("QSCAN", cursor) == BAD_CURSOR
+    assert conn.call("JSCAN", cursor) == BAD_CURSOR

@@ -71,12 +71,29 @@ def test_shard_count_and_shard_index_wraps():
 # ---------------------------------------------------------------------------------- scan
 
 
-def test_scan_of_empty_dict_visits_at_most_10x_count_shards_per_call():
+def test_scan_of_empty_dict_ends_in_one_call():
+    d = ScanDict(12)
+    assert d.scan(0, 1, keep_all) == (0, [])
+
+
+def test_scan_matching_nothing_among_few_elements_ends_in_one_call():
+    """Issue 15: `JSCAN 0 QUEUE <no such queue>` answered cursor 1000 (10 x COUNT empty
+    shards visited) where the original, whose table is sized to its few jobs, answers 0."""
+    d = ScanDict(12)
+    for i in range(50):
+        d.add(i, i)
+    assert d.scan(0, 100, lambda v: False) == (0, [])
+
+
+def test_scan_visits_at_most_10x_count_elements_per_call():
     d = ScanDict(5)  # 32 shards
-    assert d.scan(0, 1, keep_all) == (10, [])
-    assert d.scan(10, 1, keep_all) == (20, [])
-    assert d.scan(20, 1, keep_all) == (30, [])
-    assert d.scan(30, 1, keep_all) == (0, [])  # end of iteration: cursor 0
+    for i in range(64):
+        d.add(i, i)
+    cursor, found = d.scan(0, 1, lambda v: False)
+    assert found == [] and 0 < cursor < 32
+    examined = sum(len(d.shard(s)) for s in range(cursor))
+    # stops in the shard where the 10th element was examined, not before
+    assert examined >= 10 and examined - len(d.shard(cursor - 1)) < 10
 
 
 def test_scan_stops_after_count_matches():
