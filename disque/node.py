@@ -35,6 +35,7 @@ from disque.jobs.job import (
     F_BCAST_WILLQUEUE,
     F_DELIVERED,
     F_DUMMY,
+    F_NACK_DELAYED,
     JOB_MEMORY,
     QUEUED,
     WAIT_REPL,
@@ -749,7 +750,7 @@ class Node(ClusterJobs):
                 self.delete_job(job)
         return known
 
-    def enqueue_jobs(self, ids: Iterable[bytes], nack: bool) -> int:
+    def enqueue_jobs(self, ids: Iterable[bytes], nack: bool = False) -> int:
         """ENQUEUE / NACK: active jobs back into their queue; counters as the checklist."""
         moved = 0
         for job_id in ids:
@@ -769,6 +770,27 @@ class Node(ClusterJobs):
                     flags = 0
                 if self.membership is not None and (nack or requeued):
                     self.broadcast_queued(job, flags)
+        return moved
+
+    def nack_jobs(self, ids: Iterable[bytes], delay: int = 0) -> int:
+        """NACK [DELAY seconds]: the consumer failed; the job goes back to its queue at once,
+        or after `delay` seconds (its requeue timer is set to then, and the other holders
+        push theirs past it). Counts a nack either way, never an additional delivery."""
+        if not delay:
+            return self.enqueue_jobs(ids, nack=True)
+        moved = 0
+        now = self.clock()
+        for job_id in ids:
+            job = self.jobs.get(job_id)
+            if job is None or job.state != ACTIVE or job.qtime == 0:
+                continue
+            moved += 1
+            job.nacks += 1
+            job.qtime = now + delay * 1000
+            job.flags = (job.flags | F_NACK_DELAYED) & ~F_BCAST_WILLQUEUE
+            self.schedule_job(job)
+            if self.membership is not None:
+                self.broadcast_nack_delay(job, delay)
         return moved
 
     def dequeue_jobs(self, ids: Iterable[bytes]) -> int:

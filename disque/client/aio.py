@@ -325,8 +325,10 @@ class AsyncClient(ClientBase):
     async def fast_ack(self, *ids: str | bytes, node: Node | str | None = None) -> int:
         return await self._run(calls.fast_ack(*ids), node)
 
-    async def nack(self, *ids: str | bytes, node: Node | str | None = None) -> int:
-        return await self._run(calls.nack(*ids), node)
+    async def nack(self, *ids: str | bytes, delay: int | None = None,
+             node: Node | str | None = None) -> int:
+        """NACK the jobs: back to their queue now, or after `delay` seconds."""
+        return await self._run(calls.nack(*ids, delay=delay), node)
 
     async def working(self, job_id: str | bytes, node: Node | str | None = None) -> int:
         return await self._run(calls.working(job_id), node)

@@ -177,7 +177,10 @@ def fast_ack(*ids: str | bytes) -> Call[int]:
     return _ids("FASTACK", ids, replies.parse_int)
 
 
-def nack(*ids: str | bytes) -> Call[int]:
+def nack(*ids: str | bytes, delay: int | None = None) -> Call[int]:
+    """NACK; with `delay` (seconds) the jobs go back to their queue only after that long."""
+    if delay is not None:
+        return Call(("NACK", *ids, "DELAY", int(delay)), replies.parse_int, False)
     return _ids("NACK", ids, replies.parse_int, safe=False)
 
 

@@ -330,8 +330,10 @@ class Client(ClientBase):
     def fast_ack(self, *ids: str | bytes, node: Node | str | None = None) -> int:
         return self._run(calls.fast_ack(*ids), node)
 
-    def nack(self, *ids: str | bytes, node: Node | str | None = None) -> int:
-        return self._run(calls.nack(*ids), node)
+    def nack(self, *ids: str | bytes, delay: int | None = None,
+             node: Node | str | None = None) -> int:
+        """NACK the jobs: back to their queue now, or after `delay` seconds."""
+        return self._run(calls.nack(*ids, delay=delay), node)
 
     def working(self, job_id: str | bytes, node: Node | str | None = None) -> int:
         return self._run(calls.working(job_id), node)

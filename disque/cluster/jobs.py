@@ -54,6 +54,7 @@ from disque.jobs.job import (
     F_BCAST_QUEUED,
     F_BCAST_WILLQUEUE,
     F_DUMMY,
+    F_NACK_DELAYED,
     JOB_MEMORY,
     QUEUED,
     WAIT_REPL,
@@ -453,6 +454,11 @@ class ClusterJobs:
     # ------------------------------------------------------------------ re-queue
     def requeue_by_timer(self, job: Job, now: int) -> None:
         """TIMER at qtime: queue the job again and tell the other holders (QUEUED)."""
+        if job.flags & F_NACK_DELAYED:  # the end of a NACK DELAY: that NACK was counted
+            job.flags &= ~F_NACK_DELAYED
+            if self.enqueue(job, now):
+                self.broadcast_queued(job, 0)
+            return
         requeued = job.flags & F_BCAST_QUEUED or job.id[2:10] != self.myself[:8]
         if self.enqueue(job, now) and requeued:
             job.deliveries += 1
@@ -498,14 +504,18 @@ class ClusterJobs:
             job.deliveries += 1
 
     def on_working(self, sender: bytes, msg: WorkingJob) -> None:
-        """ON RECV WORKING: like QUEUED, but always dequeue, and no counters."""
+        """ON RECV WORKING: like QUEUED, but always dequeue, and no counters. With aux > 0 it
+        is a NACK DELAY of aux seconds: count the nack, and requeue no sooner than a RETRY
+        after the sender's own requeue."""
         job = self.lookup_job(msg.job_id)
         if job is None or job.state == ACKED:
             return
         if job.state == QUEUED:
             self.dequeue(job)
+        if msg.aux:
+            job.nacks += 1
         if job.retry and job.qtime:
-            job.qtime = self.requeue_time(job, self.clock())
+            job.qtime = self.requeue_time(job, self.clock() + msg.aux * 1000)
             job.flags &= ~F_BCAST_WILLQUEUE
             self.schedule_job(job)
 
@@ -516,6 +526,10 @@ class ClusterJobs:
     def broadcast_working(self, job: Job) -> None:
         if self.others(job):
             self.send_to(job.delivered, WorkingJob(self.header(), job.id))
+
+    def broadcast_nack_delay(self, job: Job, delay: int) -> None:
+        if self.others(job):
+            self.send_to(job.delivered, WorkingJob(self.header(), job.id, delay))
 
     # ------------------------------------------------------------------ ACK GC
     def start_gc(self, job: Job) -> None:

@@ -847,7 +847,8 @@ class DelJob(_JobIdMessage):
 
 @message_type
 class WorkingJob(_JobIdMessage):
-    """A consumer is still working on the job: postpone the requeue, dequeue it."""
+    """A consumer is still working on the job: postpone the requeue, dequeue it. aux > 0:
+    a NACK DELAY of aux seconds (count a nack; requeue no sooner than aux s + RETRY)."""
 
     __slots__ = ()
     TYPE = WORKING

@@ -449,7 +449,22 @@ def cmd_enqueue(c: Any, argv: list[bytes]) -> None:
 
 @command("nack", -1, "write denyoom fast")
 def cmd_nack(c: Any, argv: list[bytes]) -> None:
-    c.out.append(integer(c.node.enqueue_jobs(job_ids(argv), nack=True)))
+    """NACK job-id ... [DELAY seconds]: the option may stand anywhere among the IDs (no job ID
+    can be mistaken for it)."""
+    delay = 0
+    if len(argv) > 2 and b"delay" in (a.lower() for a in argv if len(a) == 5):
+        ids: list[bytes] = []
+        i = 1
+        while i < len(argv):
+            if argv[i].lower() == b"delay":
+                delay = _ranged(_opt_value(argv, i), 0, MAX_JOB_SECONDS,
+                                "DELAY time must be a non negative number")
+                i += 2
+            else:
+                ids.append(argv[i])
+                i += 1
+        argv = [argv[0], *ids]
+    c.out.append(integer(c.node.nack_jobs(job_ids(argv), delay)))
 
 
 @command("dequeue", -1, "write fast")

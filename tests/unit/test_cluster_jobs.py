@@ -736,6 +736,28 @@ def test_nack_counts_a_nack_and_broadcasts_queued_incr_nacks() -> None:
     assert all(msg.aux == QUEUED_INCR_NACKS for _, msg in out)
 
 
+def test_nack_delay_postpones_here_and_tells_the_holders_the_delay() -> None:
+    r = Rig(peers=(A, B))
+    job = r.queued_replica(retry=20, delivered=(A, B, ME))
+    r.node.get_jobs([b"q"], 1)
+    assert r.node.nack_jobs([job.id], delay=30) == 1
+    assert job.state == ACTIVE and job.nacks == 1 and job.qtime == r.now + 30_000
+    out = r.take()
+    assert targets(out, WorkingJob) == [A, B] and all(m.aux == 30 for _, m in out)
+    r.advance(30_000)  # the delay ends: queued again, still one nack and no delivery
+    assert job.state == QUEUED and (job.nacks, job.deliveries) == (1, 0)
+    out = r.take()
+    assert all(m.aux == 0 for _, m in out if isinstance(m, Queued)), out
+
+
+def test_on_working_with_a_delay_counts_a_nack_and_waits_delay_plus_retry() -> None:
+    r = Rig()
+    job = r.queued_replica(retry=20)
+    r.node.on_working(B, WorkingJob(hdr(B), job.id, 30))
+    assert job.state == ACTIVE and job.nacks == 1 and job.deliveries == 0
+    assert near(job.qtime, r.now + 50_000)
+
+
 def test_enqueue_of_a_job_queued_before_counts_a_delivery_and_broadcasts_it() -> None:
     r = Rig(peers=(A, B))
     job = r.queued_replica(delivered=(A, B, ME))
