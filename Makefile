@@ -46,6 +46,13 @@ test-fast: install system-deps
 bench: install system-deps
 	$(PY) -m benchmarks.run $(BENCH_ARGS)
 
+# Chaos runs (tests/chaos/run.py): each nemesis (kill -9 without / with AOF, SIGSTOP pauses,
+# bus partitions) for CHAOS_SECONDS under load on 5 nodes, then the history checker's table.
+CHAOS_SECONDS ?= 60
+CHAOS_ARGS ?=
+chaos: install
+	$(PY) -m tests.chaos.run --seconds $(CHAOS_SECONDS) $(CHAOS_ARGS)
+
 lint: install
 	$(VENV)/bin/ruff check disque tests benchmarks examples
 

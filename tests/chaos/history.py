@@ -67,8 +67,9 @@ class Batcher:
 
 
 def producer(idx: int, ports: list[int], home: int, count: int, seed: int, out: Any,
-             stop: Any) -> None:
-    """ADDJOB `count` jobs with unique bodies, REPLICATE 2 or 3, RETRY 2..5 s."""
+             stop: Any, repl: tuple[int, ...] = (2, 3), retry: tuple[int, int] = (2, 5)) -> None:
+    """ADDJOB `count` jobs with unique bodies, REPLICATE one of `repl`, RETRY in the range
+    `retry` (s); each answered ADDJOB is recorded with its latency."""
     rng = random.Random(seed)
     ev = Batcher(out, f"producer{idx}")
     conn: Conn | None = None
@@ -83,19 +84,19 @@ def producer(idx: int, ports: list[int], home: int, count: int, seed: int, out: 
                     continue
                 conn, node = got
             body = f"p{idx}-{k}"
-            repl = rng.choice((2, 3))
-            retry = rng.randint(2, 5)
+            r = rng.choice(repl)
+            rt = rng.randint(*retry)
             t = time.time()
             k += 1
             try:
-                reply = conn.cmd("ADDJOB", QUEUE, body, 2000, "REPLICATE", repl, "RETRY", retry)
+                reply = conn.cmd("ADDJOB", QUEUE, body, 2000, "REPLICATE", r, "RETRY", rt)
             except CONN_ERRORS:
                 ev.add("maybe", body, node, t)
                 conn.close()
                 conn = None
                 continue
             if isinstance(reply, Status):
-                ev.add("add", str(reply), body, node, t)
+                ev.add("add", str(reply), body, node, t, time.time() - t)
             elif isinstance(reply, Err) and reply.startswith("NOREPL"):
                 ev.add("norepl", body, node, t)
             else:
@@ -107,12 +108,14 @@ def producer(idx: int, ports: list[int], home: int, count: int, seed: int, out: 
             conn.close()
 
 
-def consumer(idx: int, ports: list[int], home: int, seed: int, out: Any, stop: Any) -> None:
+def consumer(idx: int, ports: list[int], home: int, seed: int, out: Any, stop: Any,
+             pace: float = 0.0, drain: Any = None) -> None:
     """GETJOB TIMEOUT .. COUNT 10, 'process', ACKJOB; record every delivery and ack.
 
     A few replies are acked only after their RETRY elapsed (so they are delivered again:
     duplicates by design), and a few are never acked by this consumer (it 'crashed' on
-    them): the cluster must deliver those again."""
+    them): the cluster must deliver those again. `pace` > 0: wait that long between GETJOBs
+    (a backlog builds) until the `drain` event is set."""
     rng = random.Random(seed)
     ev = Batcher(out, f"consumer{idx}")
     conn: Conn | None = None
@@ -131,6 +134,8 @@ def consumer(idx: int, ports: list[int], home: int, seed: int, out: Any, stop: A
                     continue
                 conn, node = got
                 away_since = time.monotonic()
+            if pace and not drain.is_set():
+                time.sleep(pace)
             try:
                 reply = conn.cmd("GETJOB", "TIMEOUT", 500, "COUNT", 10, "FROM", QUEUE)
             except CONN_ERRORS:
@@ -190,6 +195,11 @@ class History:
     add_time: dict[str, float] = field(default_factory=dict)
     maybe: set[str] = field(default_factory=set)  # bodies
     refused: list[tuple] = field(default_factory=list)
+    unanswered: set[str] = field(default_factory=set)  # bodies of ADDJOBs without an ID
+    add_latency: list[float] = field(default_factory=list)  # s, per ADDJOB answered with an ID
+    deliver_times: dict[str, list[float]] = field(default_factory=dict)
+    ack_time: dict[str, float] = field(default_factory=dict)  # first ACKJOB returned
+    attempts: int = 0  # ADDJOBs with any outcome: the producers' progress
     deliveries: Counter = field(default_factory=Counter)  # id -> times delivered
     first_delivery: dict[str, float] = field(default_factory=dict)
     delivered_body: dict[str, str] = field(default_factory=dict)
@@ -205,27 +215,41 @@ class History:
             for e in events:
                 kind = e[0]
                 if kind == "add":
-                    _, jid, body, _node, t = e
+                    _, jid, body, _node, t, *lat = e
                     self.added[jid] = body
                     self.add_time[jid] = t
+                    self.attempts += 1
+                    if lat:
+                        self.add_latency.append(lat[0])
                 elif kind == "deliver":
                     _, jid, body, node, t = e
                     self.deliveries[jid] += 1
                     self.delivered_by[node] += 1
                     self.first_delivery.setdefault(jid, t)
+                    self.deliver_times.setdefault(jid, []).append(t)
                     prev = self.delivered_body.setdefault(jid, body)
                     if prev != body:
                         self.errors.append(("body changed", jid, prev, body))
                 elif kind == "ack":
                     self.acked.update(e[1])
+                    t = e[3]
+                    for jid in e[1]:
+                        self.ack_time.setdefault(jid, t)
                 elif kind == "forget":
                     self.forgotten.update(e[1])
                 elif kind == "maybe":
                     self.maybe.add(e[1])
+                    self.unanswered.add(e[1])
+                    self.attempts += 1
                 elif kind in ("norepl",):
                     self.refused.append(e)
+                    self.unanswered.add(e[1])
+                    self.attempts += 1
                 elif kind == "error":
                     self.errors.append(e)
+                    if e[1] != "getjob":  # an ADDJOB refused with another error
+                        self.unanswered.add(e[1])
+                        self.attempts += 1
                 elif kind == "done":
                     self.done.add((e[1], e[2]))
 
@@ -261,14 +285,58 @@ class History:
                     f"{dict(sorted(self.delivered_by.items()))}; add->first delivery p50 "
                     f"{p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms; errors {len(self.errors)}")
 
+    def report(self) -> dict[str, Any]:
+        """The figures of a chaos run (issue 13's table): an added-ok job is one whose ADDJOB
+        returned an ID; `lost`: added-ok, never delivered; `unexpected`: a delivery of a job
+        nobody tried to add, or with another body; `recovered`: delivered jobs whose ADDJOB
+        got no ID (connection lost, NOREPL: a best-effort delete that lost a race);
+        `delivered_after_ack`: deliveries that happened after an ACKJOB of that job had
+        returned to a consumer; duplicates: deliveries beyond the first."""
+        with self.lock:
+            added_bodies = set(self.added.values())
+            unexpected = 0
+            recovered = 0
+            for jid, body in self.delivered_body.items():
+                if jid in self.added:
+                    if self.added[jid] != body:
+                        unexpected += 1
+                elif body in self.unanswered and body not in added_bodies:
+                    recovered += 1
+                else:
+                    unexpected += 1
+            after_ack = 0
+            for jid, t_ack in self.ack_time.items():
+                after_ack += sum(1 for t in self.deliver_times.get(jid, ()) if t > t_ack)
+            deliveries = sum(self.deliveries.values())
+            dups = deliveries - len(self.deliveries)
+            lat = sorted(self.add_latency)
+
+            def pct(p: int) -> float:
+                return lat[min(len(lat) - 1, len(lat) * p // 100)] * 1000 if lat else 0.0
+
+            return {
+                "added_ok": len(self.added),
+                "delivered": len(self.deliveries),
+                "lost": sum(1 for j in self.added if j not in self.deliveries),
+                "unexpected": unexpected,
+                "duplicated": dups,
+                "dup_rate": dups / deliveries if deliveries else 0.0,
+                "delivered_after_ack": after_ack,
+                "recovered": recovered,
+                "add_p50_ms": pct(50),
+                "add_p99_ms": pct(99),
+            }
+
 
 class Workers:
     """The worker processes and the thread that folds their events into a History."""
 
     def __init__(self, ports: list[int], jobs: int, producers: int = 4, consumers: int = 4,
-                 seed: int = 1) -> None:
+                 seed: int = 1, repl: tuple[int, ...] = (2, 3),
+                 retry: tuple[int, int] = (2, 5), pace: float = 0.0) -> None:
         ctx = mp.get_context("spawn")
         self.out = ctx.Queue()
+        self.drain = ctx.Event()  # consumers stop pacing themselves
         self.stop_producers = ctx.Event()
         self.stop_consumers = ctx.Event()
         self.history = History()
@@ -276,12 +344,12 @@ class Workers:
         per = [jobs // producers + (1 if i < jobs % producers else 0) for i in range(producers)]
         self.producers = [ctx.Process(target=producer, daemon=True,
                                       args=(i, ports, i % n, per[i], seed * 1000 + i, self.out,
-                                            self.stop_producers))
+                                            self.stop_producers, repl, retry))
                           for i in range(producers)]
         # Consumers sit on other nodes than the producers with the same index.
         self.consumers = [ctx.Process(target=consumer, daemon=True,
                                       args=(i, ports, (i + 1) % n, seed * 2000 + i, self.out,
-                                            self.stop_consumers))
+                                            self.stop_consumers, pace, self.drain))
                           for i in range(consumers)]
         self._collecting = True
         self._collector = threading.Thread(target=self._collect, daemon=True)

@@ -1,0 +1,289 @@
+"""Chaos runs: a real cluster, producer and consumer processes recording a history
+(tests/chaos/history.py), and one nemesis disturbing the cluster for a given time.
+
+The workload follows issue 13's measurement: 5 nodes, 3 producers and 3 consumers (6
+clients), REPLICATE 3, RETRY 2, consumers pacing themselves so that a backlog builds while
+the nemesis runs. Then everything heals (stopped nodes continue, killed ones start again,
+cut links come back), the producers stop, the consumers drain every node, and the history
+checker reports (History.report): added-ok, delivered, lost, unexpected, duplicated,
+delivered-after-ACK, recovered, ADDJOB latency p50/p99.
+
+The nemeses (`NEMESES`):
+- `kill`: kill -9 one node at a time, no AOF: it comes back empty;
+- `kill-aof`: the same with `appendonly yes`, `appendfsync everysec`;
+- `pause`: SIGSTOP one node at a time, SIGCONT later (no AOF);
+- `partition`: bus links cut by the proxies of tests/chaos/partition.py: random halves and
+  one-node isolations, healed in between.
+
+A fault lasts until the cluster has noticed it (the others see the node unreachable) and
+the producers made progress; after healing, the next fault waits for the full mesh and more
+progress (and, where the nodes report it, for copies lost by a restart to be restored). No
+fixed sleeps: every step polls a condition, bounded by a deadline.
+
+`python -m tests.chaos.run` (`make chaos`) runs them and prints the table; the short tests
+in test_nemeses.py run each for ~20 s.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.chaos.history import Workers
+from tests.chaos.partition import BusProxies
+from tests.cluster.conftest import Cluster, cmd, ok, parse_fields, reachable
+from tests.harness import DisqueProcess, free_port, wait_for
+
+NEMESES = ("kill", "kill-aof", "pause", "partition")
+NODES = 5
+NODE_TIMEOUT = 1000  # ms
+PROGRESS = 150  # ADDJOB outcomes between two steps of a nemesis
+STEP_DEADLINE = 15.0  # s: a step waits at most this long for its condition
+DRAIN_DEADLINE = 120.0  # s after healing for every added job to be delivered
+DRAIN_STALL = 30.0  # s without a new delivery: the rest is lost
+
+
+@dataclass
+class RunResult:
+    nemesis: str
+    seconds: float
+    faults: int
+    report: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+
+
+def settle(cond: Callable[[], Any], timeout: float = STEP_DEADLINE) -> bool:
+    """Poll `cond` until true or `timeout`; a workload step that did not settle goes on."""
+    try:
+        wait_for(cond, timeout=timeout, interval=0.05)
+        return True
+    except AssertionError:
+        return False
+
+
+class ChaosCluster:
+    """NODES real nodes; with `proxied`, every bus link goes through BusProxies."""
+
+    def __init__(self, workdir: Path, aof: bool = False, proxied: bool = False,
+                 n: int = NODES) -> None:
+        args = ["--cluster-node-timeout", str(NODE_TIMEOUT)]
+        if aof:
+            args += ["--appendonly", "yes", "--appendfsync", "everysec"]
+        self.proxies = BusProxies() if proxied else None
+        self.announce: list[int] = []
+        self.nodes: list[DisqueProcess] = []
+        for i in range(n):
+            node_args = list(args)
+            if self.proxies is not None:
+                a = free_port()  # nothing listens on a; the proxy on a + 10000
+                self.announce.append(a)
+                node_args += ["--cluster-announce-port", str(a)]
+            self.nodes.append(DisqueProcess(workdir / f"node{i}", args=node_args))
+        self.cluster = Cluster(self.nodes)
+
+    def start(self) -> None:
+        for p in self.nodes:
+            p.start(wait=False)
+        for p in self.nodes:
+            p.wait_ready()
+        first_port = self.nodes[0].port
+        if self.proxies is not None:
+            for i, p in enumerate(self.nodes):
+                self.proxies.add(i, self.announce[i] + 10000, p.port + 10000)
+                self.proxies.set_node_id(i, cmd(p, "CLUSTER", "MYID"))
+            first_port = self.announce[0]
+        for p in self.nodes[1:]:
+            ok(p, "CLUSTER", "MEET", "127.0.0.1", first_port)
+        self.cluster.wait_mesh()
+
+    @property
+    def ports(self) -> list[int]:
+        return [p.port for p in self.nodes]
+
+    def sees_unreachable(self, i: int) -> bool:
+        return all(reachable(p) <= len(self.nodes) - 2
+                   for j, p in enumerate(self.nodes) if j != i and p.alive())
+
+    def rereplication_done(self) -> bool:
+        """No node restoring copies (nodes without the INFO field count as done)."""
+        for p in self.nodes:
+            info = parse_fields(cmd(p, "INFO", "jobs"))
+            if int(info.get("rereplication_nodes", "0")) or int(
+                    info.get("rereplication_pending", "0")):
+                return False
+        return True
+
+    def heal_all(self) -> None:
+        if self.proxies is not None:
+            self.proxies.heal()
+        for p in self.nodes:
+            if p.alive():
+                p.proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
+            else:
+                p.start()
+        self.cluster.wait_mesh(timeout=60)
+
+    def close(self) -> None:
+        for p in self.nodes:
+            if p.alive():
+                p.proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
+            p.kill()
+        if self.proxies is not None:
+            self.proxies.close()
+
+
+# ---------------------------------------------------------------------------- nemeses
+class Nemesis:
+    """One fault after another until `seconds` passed; `faults` counts them."""
+
+    def __init__(self, c: ChaosCluster, workers: Workers, rng: random.Random) -> None:
+        self.c = c
+        self.workers = workers
+        self.rng = rng
+        self.faults = 0
+
+    def progress(self, n: int = PROGRESS) -> None:
+        h = self.workers.history
+        start = h.attempts
+        settle(lambda: h.attempts >= start + n)
+
+    def recovered(self) -> None:
+        self.c.cluster.wait_mesh(timeout=60)
+        settle(self.c.rereplication_done, timeout=30)
+        self.progress()
+
+    def run(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        i = 0
+        while time.monotonic() < end:
+            self.fault(i)
+            self.faults += 1
+            i += 1
+
+    def fault(self, i: int) -> None:
+        raise NotImplementedError
+
+
+class KillNemesis(Nemesis):
+    """kill -9 node i mod N; it stays down until the others see it unreachable and the
+    producers moved on; then it starts again with the same directory."""
+
+    def fault(self, i: int) -> None:
+        c = self.c
+        k = i % len(c.nodes)
+        c.nodes[k].kill()
+        settle(lambda: c.sees_unreachable(k))
+        self.progress()
+        c.nodes[k].start()
+        self.recovered()
+
+
+class PauseNemesis(Nemesis):
+    """SIGSTOP a random node until the others see it unreachable, then SIGCONT."""
+
+    def fault(self, i: int) -> None:
+        c = self.c
+        k = self.rng.randrange(len(c.nodes))
+        p = c.nodes[k]
+        p.proc.send_signal(signal.SIGSTOP)  # type: ignore[union-attr]
+        try:
+            settle(lambda: c.sees_unreachable(k))
+            self.progress()
+        finally:
+            p.proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
+        self.recovered()
+
+
+class PartitionNemesis(Nemesis):
+    """Alternately random halves and one-node isolations of the bus, healed in between."""
+
+    def fault(self, i: int) -> None:
+        c = self.c
+        n = len(c.nodes)
+        assert c.proxies is not None
+        if i % 2:
+            k = self.rng.randrange(n)
+            c.proxies.isolate(k, n)
+            settle(lambda: c.sees_unreachable(k))
+        else:
+            order = list(range(n))
+            self.rng.shuffle(order)
+            cut = self.rng.randint(1, n // 2)
+            groups = [order[:cut], order[cut:]]
+            c.proxies.cut(groups)
+            settle(lambda: all(reachable(c.nodes[j]) <= len(g) - 1
+                               for g in groups for j in g))
+        self.progress()
+        c.proxies.heal()
+        self.recovered()
+
+
+NEMESIS_CLASSES: dict[str, type[Nemesis]] = {
+    "kill": KillNemesis, "kill-aof": KillNemesis, "pause": PauseNemesis,
+    "partition": PartitionNemesis,
+}
+
+
+def run_chaos(nemesis: str, seconds: float, workdir: Path, seed: int = 1) -> RunResult:
+    """One chaos run; the cluster and the workers are gone when it returns."""
+    c = ChaosCluster(workdir, aof=nemesis == "kill-aof", proxied=nemesis == "partition")
+    workers: Workers | None = None
+    notes: list[str] = []
+    try:
+        c.start()
+        workers = Workers(c.ports, 10**9, producers=3, consumers=3, seed=seed, repl=(3,),
+                          retry=(2, 2), pace=0.05)
+        h = workers.history
+        workers.start()
+        settle(lambda: h.attempts >= PROGRESS, timeout=60)
+        nem = NEMESIS_CLASSES[nemesis](c, workers, random.Random(seed))
+        t0 = time.monotonic()
+        nem.run(seconds)
+        elapsed = time.monotonic() - t0
+        c.heal_all()
+        workers.stop_producers.set()
+        wait_for(workers.producers_done, timeout=60, interval=0.1, what="producers done")
+        workers.drain.set()
+        drain(h)
+        if c.proxies is not None:
+            notes.append(f"bus links cut: {c.proxies.cuts}")
+        return RunResult(nemesis, elapsed, nem.faults, h.report(), notes)
+    finally:
+        if workers is not None:
+            workers.stop()
+        c.close()
+
+
+def drain(h: Any) -> None:
+    """Wait until every added job was delivered, or deliveries stall (the rest is lost)."""
+    end = time.monotonic() + DRAIN_DEADLINE
+    last = (-1, time.monotonic())
+    while time.monotonic() < end and h.undelivered():
+        seen = len(h.deliveries)
+        if seen != last[0]:
+            last = (seen, time.monotonic())
+        elif time.monotonic() - last[1] > DRAIN_STALL:
+            return
+        time.sleep(0.2)
+
+
+COLUMNS = (("added_ok", "added-ok", "{:d}"), ("delivered", "delivered", "{:d}"),
+           ("lost", "lost", "{:d}"), ("unexpected", "unexpected", "{:d}"),
+           ("duplicated", "duplicated", "{:d}"), ("dup_rate", "dup-rate", "{:.2%}"),
+           ("delivered_after_ack", "after-ACK", "{:d}"), ("recovered", "recovered", "{:d}"),
+           ("add_p50_ms", "add-p50-ms", "{:.1f}"), ("add_p99_ms", "add-p99-ms", "{:.1f}"))
+
+
+def table(results: list[RunResult]) -> str:
+    head = ["nemesis", "seconds", "faults"] + [title for _, title, _ in COLUMNS]
+    rows = [[r.nemesis, f"{r.seconds:.0f}", str(r.faults)]
+            + [fmt.format(r.report[key]) for key, _, fmt in COLUMNS] for r in results]
+    widths = [max(len(x) for x in col) for col in zip(head, *rows, strict=True)]
+    lines = ["  ".join(x.rjust(w) for x, w in zip(row, widths, strict=True))
+             for row in [head, *rows]]
+    return "\n".join(lines)

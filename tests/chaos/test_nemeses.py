@@ -1,0 +1,48 @@
+"""Issue 13's short chaos runs, one per nemesis (tests/chaos/nemesis.py): about 20 s of
+faults under load on a real 5-node cluster, then healing and draining. Every job whose
+ADDJOB returned an ID is delivered (lost == 0) and nothing is delivered that was not added
+(unexpected == 0). Rates (duplicates, deliveries after an ACK) are printed, not asserted:
+`make chaos` reports them for longer runs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.chaos.nemesis import run_chaos, table
+
+SECONDS = float(os.environ.get("DISQUE_CHAOS_SECONDS", "20"))
+
+
+def run(nemesis: str, tmp_path: Path) -> dict:
+    r = run_chaos(nemesis, SECONDS, tmp_path)
+    print(f"\n{table([r])}\n{'; '.join(r.notes)}")
+    assert r.faults >= 2, r
+    assert r.report["added_ok"] > 500, r.report
+    assert r.report["unexpected"] == 0, r.report
+    return r.report
+
+
+@pytest.mark.timeout(300)
+def test_rolling_kill9_with_aof_everysec_loses_no_job(tmp_path: Path) -> None:
+    assert run("kill-aof", tmp_path)["lost"] == 0
+
+
+@pytest.mark.timeout(300)
+def test_sigstop_pauses_lose_no_job(tmp_path: Path) -> None:
+    assert run("pause", tmp_path)["lost"] == 0
+
+
+@pytest.mark.timeout(300)
+def test_bus_partitions_lose_no_job(tmp_path: Path) -> None:
+    assert run("partition", tmp_path)["lost"] == 0
+
+
+@pytest.mark.timeout(300)
+def test_rolling_kill9_without_aof_delivers_nothing_unexpected(tmp_path: Path) -> None:
+    # STEP C OF ISSUE 13 TIGHTENS THIS: without re-replication a node restarted empty takes
+    # its copies with it, so a rolling restart loses jobs (about a quarter); only
+    # unexpected == 0 (checked by run()) holds until then.
+    run("kill", tmp_path)
