@@ -53,6 +53,13 @@ CHAOS_ARGS ?=
 chaos: install
 	$(PY) -m tests.chaos.run --seconds $(CHAOS_SECONDS) $(CHAOS_ARGS)
 
+# Randomized simulation schedules (tests/sim/schedules.py) with rolling crashes; a failing
+# seed prints its one-line reproduction.
+SEEDS ?= 1000
+SIM_CRASHES ?= 3
+sim: install
+	$(PY) -m tests.sim.schedules --seeds $(SEEDS) --crashes $(SIM_CRASHES)
+
 lint: install
 	$(VENV)/bin/ruff check disque tests benchmarks examples
 

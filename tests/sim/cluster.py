@@ -11,8 +11,9 @@ job messages exactly like the server does:
 - a job message arriving on a link goes to `node.on_message` if its sender is a known,
   non-handshake node (as `Server.on_job_message`); membership messages go to Membership;
 - the node's timer wheel is driven by wake-up events at `node.next_due()`, calling
-  `node.tick(now)` (a paused host wakes when resumed; a crashed one loses its Node: there
-  is no AOF here, a restart comes back with an empty job table and its saved nodes.conf).
+  `node.tick(now)` (a paused host wakes when resumed; a crashed one loses its Node: a
+  restart comes back with an empty job table and its saved nodes.conf, or with `aof` its
+  jobs reloaded as an AOF with appendfsync always would).
 
 Clients are plain objects calling node methods (`add_job` + `wait_replication`, `get_jobs` +
 `block`, `ackjob`, `fastack`, `working`, `enqueue_jobs`) as the command layer does; each call
@@ -33,11 +34,11 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from disque.cluster.jobs import ReplWaiter
+from disque.cluster.jobs import ReplWaiter, job_from_record, job_record
 from disque.cluster.membership import TICK_MS
 from disque.cluster.messages import JOB_TYPES, Message
 from disque.cluster.nodes import HANDSHAKE
-from disque.jobs.job import QUEUED, WAIT_REPL, Job
+from disque.jobs.job import ACTIVE, QUEUED, WAIT_REPL, Job
 from disque.node import Node, Waiter
 from disque.protocol.errors import CommandError
 from tests.sim.network import SimLink, SimNetwork, SimNode
@@ -200,12 +201,23 @@ class SimCluster(SimNetwork):
                     res.lost = True
         super().crash(i)
 
-    def restart(self, i: int) -> None:
+    def restart(self, i: int, aof: bool = False) -> None:
+        """Start node i again: with an empty job table, or (`aof`) reloading the jobs it
+        held when it crashed, as an AOF with appendfsync always would (`Node.load_job`:
+        active and queued jobs come back active, re-queued by their timers)."""
         sn = self.nodes[i]
         if sn.state != "down":
             return
+        old = self.jobnodes[i]
         super().restart(i)
-        self.jobnodes[i] = self._new_node(sn)
+        node = self.jobnodes[i] = self._new_node(sn)
+        if aof:
+            now = self.now
+            for job in list(old.jobs.values()):
+                if job.state in (ACTIVE, QUEUED):
+                    copy = job_from_record(job_record(job, now), now)
+                    copy.state = job.state
+                    node.load_job(copy, False)
         self.wake_at[i] = None
         self._arm(sn)
 

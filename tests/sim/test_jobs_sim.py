@@ -14,16 +14,9 @@ from disque.cluster.messages import DelJob
 from disque.jobs.job import ACKED, ACTIVE, QUEUED
 from disque.queues.queue import PAUSE_IN
 from tests.sim.cluster import SimCluster
+from tests.sim.schedules import formed, run_schedule
 
-TIMEOUT = 1000  # cluster-node-timeout of these clusters
-
-
-def formed(n: int = 3, seed: int = 0, **kw: object) -> SimCluster:
-    net = SimCluster(n, seed=seed, node_timeout=TIMEOUT, **kw)  # type: ignore[arg-type]
-    for i in range(1, n):
-        net.meet(0, i)
-    assert net.run_until_true(net.full_mesh, 30_000), "no full mesh"
-    return net
+TIMEOUT = 1000  # cluster-node-timeout of these clusters (the one of schedules.formed)
 
 
 def added(net: SimCluster, i: int, **kw: object) -> bytes:
@@ -260,74 +253,11 @@ steps = st.lists(st.tuples(st.integers(50, 3000), fault, addjobs), min_size=6, m
 def test_fault_schedules_lose_no_job_and_leave_nothing_behind(
         seed: int, schedule: list, delay: tuple[int, int], consumers: list[int],
         process: tuple[int, int], drop: float, nack_rate: float) -> None:
-    """Invariants: every at-least-once job whose ADDJOB succeeded is delivered at least once
-    (after healing and enough time); an at-most-once job is never delivered twice; once
-    every delivered job was acked and the GC ran (and orphaned at-most-once copies expired),
-    no node holds any job (dummy ACKs included); and (checked after every event) a job is
-    queued iff it is in its queue."""
-    net = formed(N, seed=seed, delay=delay)
-    net.drop = drop  # connections break now and then (after the mesh formed)
-    workers = [net.worker(i, process_ms=process, nack_rate=nack_rate) for i in consumers]
-    adds = []
-    retry: dict[int, int] = {}
-
-    def add(i: int, repl: int) -> None:
-        if net.nodes[i].state != "up":
-            return
-        k = len(adds)
-        r = 1 + k % 3 if repl else 0
-        # An at-most-once copy nobody will queue (its ADDJOB failed and the DELJOB was lost;
-        # or the node that delivered it crashed before collecting the others) can only
-        # expire: those jobs get a TTL the final wait covers.
-        res = net.addjob(i, body=b"job%d" % k, replicate=repl or 1, retry=r,
-                         ttl=3600 if repl else 120, timeout=2000)
-        retry[id(res)] = r
-        adds.append(res)
-
-    for k in range(8):  # some jobs before any fault
-        add(k % N, (2, 3, 0)[k % 3])
-    crashed = False
-    for gap, op, jobs in schedule:
-        net.run_for(gap)
-        kind = op[0]
-        if kind == "partition":
-            sides = op[1]
-            net.partition(*[[i for i in range(N) if sides[i] == s] for s in (0, 1)])
-        elif kind == "heal":
-            net.heal()
-        elif kind == "pause":
-            net.pause(op[1])
-        elif kind == "resume":
-            net.resume(op[1])
-        elif kind == "leaving" and net.nodes[op[1]].state == "up":
-            net.run_on(op[1], lambda n, flag=op[2]: n.set_leaving(flag))
-        elif kind == "crash" and not crashed:
-            # One crash per run (no AOF): with REPLICATE >= 2 a copy always survives.
-            crashed = True
-            net.crash(op[1])
-            net.schedule(net.now + 2000, net.restart, op[1])
-        for i, repl in jobs:
-            add(i, repl)
-    net.heal()
-    net.drop = 0.0
-    for i in range(N):
-        net.resume(i)
-        net.restart(i)
-        net.run_on(i, lambda n: n.set_leaving(False))
-    assert net.run_until_true(net.full_mesh, 30_000)
-    assert net.run_until_true(lambda: all(a.done for a in adds), 10_000)
-    at_least_once = [a.ok for a in adds if a.ok is not None and retry[id(a)]]
-    at_most_once = [a.ok for a in adds if a.ok is not None and not retry[id(a)]]
-    assert net.run_until_true(lambda: all(net.deliveries[j] for j in at_least_once), 120_000,
-                              step=500), \
-        ([j for j in at_least_once if not net.deliveries[j]], net.all_jobs())
-    assert net.run_until_true(lambda: net.job_count() == 0, 300_000, step=1000), \
-        net.all_jobs()
-    for j in at_most_once:
-        assert len(net.deliveries[j]) <= 1, (j, net.deliveries[j])
-    net.check_all()
-    for w in workers:
-        w.stop()
+    """The invariants of tests/sim/schedules.py (`run_schedule`): every at-least-once job
+    whose ADDJOB succeeded is delivered; an at-most-once job at most once; nothing is left
+    once everything was acked; a job is queued iff it is in its queue. One crash per
+    schedule here; `make sim` runs seeds with rolling crashes."""
+    run_schedule(seed, schedule, delay, consumers, process, drop, nack_rate)
 
 
 def test_every_job_is_delivered_and_collected_under_message_loss() -> None:

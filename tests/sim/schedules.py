@@ -1,0 +1,181 @@
+"""Randomized fault schedules on the simulated cluster, and `make sim SEEDS=N`.
+
+`run_schedule` is the one body behind the hypothesis test of test_jobs_sim.py and the seed
+runner here: 3 full nodes on the simulated network, consumers, ADDJOBs (REPLICATE 2 or 3,
+or at-most-once) interleaved with faults (partitions, pauses, LEAVING, crashes), then
+everything heals and the invariants are checked:
+
+- every at-least-once job whose ADDJOB returned an ID is delivered at least once;
+- an at-most-once job is never delivered twice;
+- once everything was acked and collected, no node holds any job;
+- (after every event) a job is queued iff it is in its queue.
+
+Crashes are rolling: up to `crashes` per schedule, one node down at a time, each restarted
+2 s later (with `aof`, reloading its jobs; without, empty), and the next crash no sooner
+than REREPLICATION_GAP after the previous restart: the time a restarted node needs to get
+its copies back. With REPLICATE >= 2 at least one copy of every job survives each crash.
+
+    python -m tests.sim.schedules --seeds 1000 [--start 0] [--crashes 3]
+    python -m tests.sim.schedules --seed 1234          # one seed, verbose: a reproduction
+
+A failing seed prints its one-line reproduction command; failing seeds found this way are
+kept as explicit examples in test_jobs_sim.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+import traceback
+from typing import Any
+
+from tests.sim.cluster import SimCluster
+
+N = 3
+TIMEOUT = 1000  # cluster-node-timeout of these clusters (ms)
+RESTART_AFTER = 2000  # ms a crashed node stays down
+REREPLICATION_GAP = 3000  # ms after a restart before the next crash
+
+
+def formed(n: int = 3, seed: int = 0, **kw: object) -> SimCluster:
+    net = SimCluster(n, seed=seed, node_timeout=TIMEOUT, **kw)  # type: ignore[arg-type]
+    for i in range(1, n):
+        net.meet(0, i)
+    assert net.run_until_true(net.full_mesh, 30_000), "no full mesh"
+    return net
+
+
+def run_schedule(seed: int, schedule: list[Any], delay: tuple[int, int], consumers: list[int],
+                 process: tuple[int, int], drop: float, nack_rate: float, crashes: int = 1,
+                 aof: bool = False) -> None:
+    """One schedule: `schedule` is a list of (gap ms, fault, [(node, repl), ...]); a fault
+    is ("partition", sides), ("heal",), ("pause", i), ("resume", i), ("crash", i),
+    ("leaving", i, flag) or ("none",). AssertionError names the violated invariant."""
+    net = formed(N, seed=seed, delay=delay)
+    net.drop = drop  # connections break now and then (after the mesh formed)
+    workers = [net.worker(i, process_ms=process, nack_rate=nack_rate) for i in consumers]
+    adds = []
+    retry: dict[int, int] = {}
+
+    def add(i: int, repl: int) -> None:
+        if net.nodes[i].state != "up":
+            return
+        k = len(adds)
+        r = 1 + k % 3 if repl else 0
+        # An at-most-once copy nobody will queue (its ADDJOB failed and the DELJOB was lost;
+        # or the node that delivered it crashed before collecting the others) can only
+        # expire: those jobs get a TTL the final wait covers.
+        res = net.addjob(i, body=b"job%d" % k, replicate=repl or 1, retry=r,
+                         ttl=3600 if repl else 120, timeout=2000)
+        retry[id(res)] = r
+        adds.append(res)
+
+    for k in range(8):  # some jobs before any fault
+        add(k % N, (2, 3, 0)[k % 3])
+    crashed = 0
+    next_crash_at = 0
+    for gap, op, jobs in schedule:
+        net.run_for(gap)
+        kind = op[0]
+        if kind == "partition":
+            sides = op[1]
+            net.partition(*[[i for i in range(N) if sides[i] == s] for s in (0, 1)])
+        elif kind == "heal":
+            net.heal()
+        elif kind == "pause":
+            net.pause(op[1])
+        elif kind == "resume":
+            net.resume(op[1])
+        elif kind == "leaving" and net.nodes[op[1]].state == "up":
+            net.run_on(op[1], lambda n, flag=op[2]: n.set_leaving(flag))
+        elif (kind == "crash" and crashed < crashes and net.now >= next_crash_at
+              and all(sn.state != "down" for sn in net.nodes)):
+            crashed += 1
+            net.crash(op[1])
+            net.schedule(net.now + RESTART_AFTER, net.restart, op[1], aof)
+            next_crash_at = net.now + RESTART_AFTER + REREPLICATION_GAP
+        for i, repl in jobs:
+            add(i, repl)
+    net.heal()
+    net.drop = 0.0
+    for i in range(N):
+        net.resume(i)
+        net.restart(i, aof)
+        net.run_on(i, lambda n: n.set_leaving(False))
+    assert net.run_until_true(net.full_mesh, 30_000), "no full mesh after healing"
+    assert net.run_until_true(lambda: all(a.done for a in adds), 10_000), "ADDJOB unanswered"
+    at_least_once = [a.ok for a in adds if a.ok is not None and retry[id(a)]]
+    at_most_once = [a.ok for a in adds if a.ok is not None and not retry[id(a)]]
+    assert net.run_until_true(lambda: all(net.deliveries[j] for j in at_least_once), 120_000,
+                              step=500), \
+        ("lost", [j for j in at_least_once if not net.deliveries[j]], net.all_jobs())
+    assert net.run_until_true(lambda: net.job_count() == 0, 300_000, step=1000), \
+        ("left behind", net.all_jobs())
+    for j in at_most_once:
+        assert len(net.deliveries[j]) <= 1, ("at-most-once delivered twice", j,
+                                             net.deliveries[j])
+    net.check_all()
+    for w in workers:
+        w.stop()
+
+
+def random_params(seed: int, crashes: int) -> dict[str, Any]:
+    """The schedule of `seed`: what hypothesis draws in test_jobs_sim.py, from a plain RNG
+    (one seed is one reproducible schedule), with crashes more frequent."""
+    rng = random.Random(seed)
+    node = lambda: rng.randrange(N)  # noqa: E731
+
+    def fault() -> tuple:
+        kind = rng.choice(("partition", "heal", "pause", "resume", "crash", "crash",
+                           "leaving", "none"))
+        if kind == "partition":
+            return (kind, [rng.randint(0, 1) for _ in range(N)])
+        if kind in ("pause", "resume", "crash"):
+            return (kind, node())
+        if kind == "leaving":
+            return (kind, node(), rng.random() < 0.5)
+        return (kind,)
+
+    schedule = [(rng.randint(50, 3000), fault(),
+                 [(node(), rng.choice((0, 2, 3))) for _ in range(rng.randint(0, 3))])
+                for _ in range(rng.randint(6, 30))]
+    return {"seed": seed, "schedule": schedule, "delay": rng.choice([(1, 5), (1, 40)]),
+            "consumers": rng.sample(range(N), rng.randint(1, N)),
+            "process": rng.choice([(5, 100), (300, 4000)]),
+            "drop": rng.choice([0.0, 0.01]), "nack_rate": rng.choice([0.0, 0.3]),
+            "crashes": crashes, "aof": rng.random() < 0.5}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="randomized fault schedules of the simulation")
+    ap.add_argument("--seeds", type=int, default=100, help="how many schedules")
+    ap.add_argument("--start", type=int, default=0, help="first seed")
+    ap.add_argument("--seed", type=int, help="run this one seed, with the traceback")
+    ap.add_argument("--crashes", type=int, default=3, help="rolling crashes per schedule")
+    args = ap.parse_args(argv)
+    seeds = [args.seed] if args.seed is not None else range(args.start,
+                                                             args.start + args.seeds)
+    failed = []
+    t0 = time.monotonic()
+    for k, seed in enumerate(seeds, 1):
+        try:
+            run_schedule(**random_params(seed, args.crashes))
+        except AssertionError as e:
+            failed.append(seed)
+            print(f"seed {seed} FAILED: {str(e)[:300]}\n  reproduce: .venv/bin/python -m "
+                  f"tests.sim.schedules --seed {seed} --crashes {args.crashes}", flush=True)
+            if args.seed is not None:
+                traceback.print_exc()
+        if k % 500 == 0:
+            print(f"{k} schedules, {len(failed)} failed, {time.monotonic() - t0:.0f}s",
+                  file=sys.stderr, flush=True)
+    total = len(seeds)
+    print(f"{total - len(failed)} of {total} schedules clean ({args.crashes} rolling crashes "
+          f"max each), {time.monotonic() - t0:.0f}s; failing seeds: {failed}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
