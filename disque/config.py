@@ -94,6 +94,11 @@ class Config:
     activerehashing: bool = True
     hz: int = 10
     queue_idle_timeout: int = 300
+    # failed jobs (disque.cluster.deadletters): the policy of jobs added without one
+    default_max_deliveries: int = 0
+    default_max_nacks: int = 0
+    deadletter_queue: str = "deadletter"
+    redrive_rate: int = 1000
     # append only file
     appendonly: bool = False
     appendfilename: str = "disque.aof"
@@ -328,6 +333,15 @@ class _String(_Kind):
         return s
 
 
+class _QueueName(_String):
+    """A queue name: any bytes but none (as a queue name in ADDJOB)."""
+
+    def parse(self, s: str) -> str:
+        if not s:
+            raise ValueError("must not be empty")
+        return s
+
+
 class _Secret(_String):
     """Shown as ****** by CONFIG GET (so it does not leak to clients), dumped verbatim."""
 
@@ -508,6 +522,10 @@ DIRECTIVES: tuple[Directive, ...] = (
     D("proto-max-bulk-len", _Memory(1024 * 1024), settable=True),
     D("client-query-buffer-limit", _Memory(1024 * 1024), settable=True),
     D("queue-idle-timeout", _Int(1), settable=True),
+    D("default-max-deliveries", _Int(0, 65535), settable=True),
+    D("default-max-nacks", _Int(0, 65535), settable=True),
+    D("deadletter-queue", _QueueName(), settable=True),
+    D("redrive-rate", _Int(1), settable=True),
     D("cluster-announce-ip", _IP(), settable=True),
     D("cluster-announce-port", _Int(0, 65535), settable=True),
     D("cluster-config-file", _String()),

@@ -24,9 +24,11 @@ import random
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from disque.cluster.deadletters import DeadLetters
 from disque.cluster.jobs import ClusterJobs, Replication
 from disque.cluster.messages import QUEUED_INCR_DELIV, QUEUED_INCR_NACKS, DelJob, Message
 from disque.cluster.nodes import ClusterNode
+from disque.jobs.deadletter import DeadLetter
 from disque.jobs.ids import IdGenerator, id_is_at_least_once, id_ttl_minutes
 from disque.jobs.job import (
     ACKED,
@@ -141,6 +143,18 @@ class Node(ClusterJobs):
         self._evict_qcursor = 0
         self._queue_gc_timer = Timer(self._queue_gc)
         self.wheel.schedule(self._queue_gc_timer, clock() + QUEUE_GC_PERIOD)
+        self.deadletters = DeadLetters(self)
+        self.set_deadletter_defaults(0, 0, b"deadletter")
+        self.redrive_rate = 1000  # jobs/s of a REDRIVE without RATE (redrive-rate)
+
+    def set_deadletter_defaults(self, max_deliveries: int, max_nacks: int,
+                                queue: bytes) -> None:
+        """default-max-deliveries, default-max-nacks, deadletter-queue: the policy of jobs
+        added without MAXDELIVERIES / MAXNACKS / DEADLETTER."""
+        self.default_max_deliveries = max_deliveries
+        self.default_max_nacks = max_nacks
+        self.deadletter_queue = queue
+        self.deadletter_defaults_on = bool(max_deliveries or max_nacks)
 
     def set_myself(self, myself: bytes) -> None:
         """A new node ID (CLUSTER RESET HARD): new jobs carry its prefix."""
@@ -383,8 +397,9 @@ class Node(ClusterJobs):
 
     def add_job(self, queue: bytes, body: bytes, timeout_ms: int, replicate: int | None,
                 ttl: int | None, retry: int | None, delay: int, maxlen: int | None,
-                async_: bool) -> Job:
-        """ADDJOB after option parsing: checks 3..7 of the checklist, in order."""
+                async_: bool, dl: DeadLetter | None = None) -> Job:
+        """ADDJOB after option parsing: checks 3..7 of the checklist, in order. `dl`: the
+        job's dead-letter policy (MAXDELIVERIES / MAXNACKS / DEADLETTER), if any."""
         m = self.membership
         clustered = m is not None and m.size() > 1
         repl, ttl, retry = self.job_options(replicate, ttl, retry, delay)
@@ -423,6 +438,8 @@ class Node(ClusterJobs):
         job_id = self.ids.new_id(ttl, retry)
         job = Job(job_id, queue, body, repl, ctime, now + ttl * 1000, delay, retry,
                   self._self_only)
+        if dl is not None:
+            job.dl = dl
         if needed:
             return self._add_replicated(job, reachable, needed, external, async_, now)
         # register(), inlined: this is the hot path of ADDJOB
@@ -757,6 +774,10 @@ class Node(ClusterJobs):
             job = self.jobs.get(job_id)
             if job is None or job.state != ACTIVE:
                 continue
+            if nack and job.dl is not None and job.qtime and \
+                    self.deadletters.check(job, self.clock(), nack=True):
+                moved += 1  # over its limit: into its dead-letter queue instead
+                continue
             requeued = job.flags & F_BCAST_QUEUED
             if self.enqueue(job):
                 moved += 1
@@ -785,6 +806,8 @@ class Node(ClusterJobs):
             if job is None or job.state != ACTIVE or job.qtime == 0:
                 continue
             moved += 1
+            if job.dl is not None and self.deadletters.check(job, now, nack=True):
+                continue
             job.nacks += 1
             job.qtime = now + delay * 1000
             job.flags = (job.flags | F_NACK_DELAYED) & ~F_BCAST_WILLQUEUE
@@ -952,4 +975,5 @@ class Node(ClusterJobs):
         self.dedup.clear()
         self._dedup_heap.clear()
         self.needers.clear()
+        self.deadletters.clear()
         self.mem_used = BASE_MEMORY

@@ -375,6 +375,7 @@ class Server:
                          queue_idle_timeout=cfg.queue_idle_timeout)
         self.node.membership = self.membership
         self.node.leaving = self.membership.leaving
+        self.apply_deadletter_defaults()
         self.bus = Bus(self.membership, password=cfg.cluster_password,
                        save_config=self.save_nodes_conf,
                        deliver_job_message=self.on_job_message)
@@ -432,6 +433,12 @@ class Server:
         self.aofm = AofManager(self)
 
     # ------------------------------------------------------------------ config hooks
+    def apply_deadletter_defaults(self, *_: Any) -> None:
+        cfg = self.cfg
+        self.node.set_deadletter_defaults(cfg.default_max_deliveries, cfg.default_max_nacks,
+                                          cfg.deadletter_queue.encode("utf-8", "surrogateescape"))
+        self.node.redrive_rate = cfg.redrive_rate
+
     def apply_limits(self) -> None:
         hard, soft, seconds = self.cfg.client_output_buffer_limit
         self.obuf_hard, self.obuf_soft, self.obuf_soft_seconds = hard, soft, seconds
@@ -446,6 +453,9 @@ class Server:
         on_set(cfg, "maxmemory", set_node("maxmemory", "maxmemory"))
         on_set(cfg, "maxmemory-policy", set_node("maxmemory_policy", "maxmemory_policy"))
         on_set(cfg, "queue-idle-timeout", set_node("queue_idle_timeout", "queue_idle_timeout"))
+        for name in ("default-max-deliveries", "default-max-nacks", "deadletter-queue",
+                     "redrive-rate"):
+            on_set(cfg, name, self.apply_deadletter_defaults)
         on_set(cfg, "client-output-buffer-limit", lambda c, name: self.apply_limits())
 
         def set_reader_limits(c: Config, name: str) -> None:

@@ -27,9 +27,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from disque.cluster.deadletters import state_bits
 from disque.cluster.messages import (
     QUEUED_INCR_DELIV,
     QUEUED_INCR_NACKS,
+    QUEUED_STATE_ONLY,
+    STATE_EPOCH_SHIFT,
     DelJob,
     EnqueueJob,
     GotAck,
@@ -147,7 +150,7 @@ def job_record(job: Job, now: int) -> JobRecord:
     ttl = job.etime - now
     return new_record(JobRecord, (job.id, job.queue or b"", job.body or b"", job.repl,
                                   ttl if ttl > 0 else 0, job.ctime, job.delay, job.retry,
-                                  job.nacks, job.deliveries, job.delivered))
+                                  job.nacks, job.deliveries, job.delivered, job.dl))
 
 
 def job_from_record(rec: JobRecord, now: int, queue: bytes | None = None,
@@ -158,6 +161,7 @@ def job_from_record(rec: JobRecord, now: int, queue: bytes | None = None,
               rec.delay, rec.retry, rec.delivered if delivered is None else delivered)
     job.nacks = rec.nacks
     job.deliveries = rec.deliveries
+    job.dl = rec.dl
     job.state = ACTIVE
     return job
 
@@ -460,18 +464,21 @@ class ClusterJobs:
                 self.broadcast_queued(job, 0)
             return
         requeued = job.flags & F_BCAST_QUEUED or job.id[2:10] != self.myself[:8]
+        if requeued and job.dl is not None and self.deadletters.check(job, now, nack=False):
+            return  # over its limit: into its dead-letter queue instead
         if self.enqueue(job, now) and requeued:
             job.deliveries += 1
             others = self.others(job)
             if others:
-                msg = Queued(self.header(), job.id, QUEUED_INCR_DELIV)
+                msg = Queued(self.header(), job.id, QUEUED_INCR_DELIV | state_bits(job))
                 for n in others:
                     self.send(n, msg)
 
     def will_queue(self, job: Job) -> None:
-        """TIMER 500 ms before qtime: WILLQUEUE to every node that may have the job."""
+        """TIMER 500 ms before qtime: WILLQUEUE to every node that may have the job (aux:
+        its dead-letter state, see disque.cluster.deadletters)."""
         job.flags |= F_BCAST_WILLQUEUE
-        self.send_to(job.delivered, WillQueue(self.header(), job.id))
+        self.send_to(job.delivered, WillQueue(self.header(), job.id, state_bits(job)))
 
     def on_willqueue(self, sender: bytes, msg: WillQueue) -> None:
         job = self.lookup_job(msg.job_id)
@@ -479,10 +486,13 @@ class ClusterJobs:
             return
         if job.state in (ACTIVE, QUEUED) and sender not in job.delivered:
             job.delivered = job.delivered + (sender,)
-        if job.state == QUEUED:
-            self.send_to(job.delivered, Queued(self.header(), job.id, 0))
-        elif job.state == ACKED:
+        if job.state == ACKED:
             self.send(sender, SetAck(self.header(), job.id, len(job.delivered)))
+            return
+        if (job.dl is not None or msg.aux) and self.deadletters.compare(sender, job, msg.aux):
+            return  # one side was behind: the newer state went where it was missing
+        if job.state == QUEUED:
+            self.send_to(job.delivered, Queued(self.header(), job.id, state_bits(job)))
 
     def on_queued(self, sender: bytes, msg: Queued) -> None:
         """ON RECV QUEUED: someone queued the job; postpone ours, drop a duplicate."""
@@ -492,7 +502,14 @@ class ClusterJobs:
         if job.state == ACKED:
             self.send(sender, SetAck(self.header(), job.id, len(job.delivered)))
             return
-        if job.state == QUEUED and sender_wins(sender, self.myself, job.id):
+        aux = msg.aux
+        if job.dl is not None or aux >> STATE_EPOCH_SHIFT:
+            order = self.deadletters.compare(sender, job, aux)
+            if order < 0 or aux & QUEUED_STATE_ONLY:
+                return  # a stale sender was told our state; a state-only one, adopted
+        else:
+            order = 0
+        if order == 0 and job.state == QUEUED and sender_wins(sender, self.myself, job.id):
             self.dequeue(job)
         if job.retry and job.qtime:
             job.qtime = self.requeue_time(job, self.clock())
@@ -521,7 +538,7 @@ class ClusterJobs:
 
     def broadcast_queued(self, job: Job, flags: int) -> None:
         if self.others(job):
-            self.send_to(job.delivered, Queued(self.header(), job.id, flags))
+            self.send_to(job.delivered, Queued(self.header(), job.id, flags | state_bits(job)))
 
     def broadcast_working(self, job: Job) -> None:
         if self.others(job):

@@ -55,6 +55,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import msgpack
 
+from disque.jobs.deadletter import DeadLetter
 from disque.jobs.job import MAX_JOB_SECONDS
 
 VERSION = 2  # 2: job messages carry lists of jobs (batched frames)
@@ -601,6 +602,12 @@ class BusStats:
 # not agree.
 QUEUED_INCR_NACKS = 1  # QUEUED flags: bump the receiver's nacks counter...
 QUEUED_INCR_DELIV = 2  # ...or its additional-deliveries counter
+# Dead-letter state (disque.cluster.deadletters) in the aux of QUEUED and WILLQUEUE:
+QUEUED_STATE_ONLY = 4  # the sender did not queue the job: it only tells its state
+QUEUED_RESET = 8  # a redrive that reset the counters
+STATE_REASON_SHIFT = 4  # 2 bits: why the job is dead (disque.jobs.deadletter REASON_*)
+STATE_REASON_MASK = 3
+STATE_EPOCH_SHIFT = 6  # the rest: the job's dead-letter epoch (odd: dead)
 
 
 class JobRecord(NamedTuple):
@@ -615,6 +622,7 @@ class JobRecord(NamedTuple):
     nacks: int
     deliveries: int
     delivered: tuple[bytes, ...]
+    dl: DeadLetter | None = None  # a 12th wire field only with a dead-letter policy
 
 
 def _job_id(v: Any) -> bytes:
@@ -634,8 +642,14 @@ def _job_record(v: Any, table: list[bytes] | None = None,
     """A job record; its `delivered` holds node IDs, or (REPLJOB: `table` given) indexes
     into the frame's node table, each distinct list of them made into one tuple (`cache`)
     that every job of the frame shares."""
-    if type(v) is not list or len(v) != 11:
+    if type(v) is not list or not 11 <= len(v) <= 12:
         raise BusProtocolError("bad job record")
+    dl = None
+    if len(v) == 12:
+        try:
+            dl = DeadLetter.from_wire(v.pop())
+        except ValueError as exc:
+            raise BusProtocolError(str(exc)) from None
     jid, queue, body, repl, ttl_ms, ctime, delay, retry, nacks, deliv, delivered = v
     if type(queue) is not bytes or type(body) is not bytes or type(delivered) is not list:
         raise BusProtocolError("bad job record fields")
@@ -678,7 +692,13 @@ def _job_record(v: Any, table: list[bytes] | None = None,
     if retry > MAX_JOB_SECONDS:
         retry = MAX_JOB_SECONDS
     return new_record(JobRecord, (jid, queue, body, repl, ttl_ms, ctime, delay, retry, nacks,
-                                  deliv, nodes))
+                                  deliv, nodes, dl))
+
+
+def _wire_record(rec: JobRecord) -> tuple[Any, ...]:
+    """A record as YOURJOBS sends it: the dead-letter field only when there is one."""
+    dl = rec[11]
+    return rec[:11] if dl is None else (*rec[:11], dl.to_wire())
 
 
 def _repljob_frame(header: Header, recs: Iterable[JobRecord], noreply: bool) -> bytes:
@@ -693,7 +713,8 @@ def _repljob_frame(header: Header, recs: Iterable[JobRecord], noreply: bool) -> 
         idx = lists.get(delivered)
         if idx is None:
             idx = lists[delivered] = [table.setdefault(n, len(table)) for n in delivered]
-        out.append((*rec[:10], idx))
+        dl = rec[11]
+        out.append((*rec[:10], idx) if dl is None else (*rec[:10], idx, dl.to_wire()))
     body = (_PREFIX[REPLJOB] + (header._packed or header.packed())
             + _packb((out, noreply, list(table))))
     return _pack_len(len(body)) + body
@@ -949,8 +970,8 @@ class YourJobs(Message):
         self.header = header
         self.jobs = jobs
 
-    def payload(self) -> tuple[list[JobRecord]]:
-        return (self.jobs,)
+    def payload(self) -> tuple[list[Any]]:
+        return ([_wire_record(r) for r in self.jobs],)
 
     @classmethod
     def from_payload(cls, header: Header, payload: list[Any]) -> Message:

@@ -8,6 +8,7 @@ from typing import Any
 
 from disque.cluster.jobs import ReplWaiter
 from disque.commands import command, int_arg, parse_int, timeout_arg
+from disque.jobs.deadletter import REASON_NAMES, DeadLetter
 from disque.jobs.ids import is_valid_id
 from disque.jobs.job import (
     ACKED,
@@ -95,7 +96,7 @@ class AddJobOptions:
     """ADDJOB's options after the timeout (ADDJOBS: the same, before JOBS)."""
 
     __slots__ = ("replicate", "ttl", "retry", "delay", "maxlen", "dedup", "async_",
-                 "with_dedup")
+                 "with_dedup", "max_deliveries", "max_nacks", "deadletter", "deadttl", "dl")
 
     def __init__(self) -> None:
         self.replicate: int | None = None
@@ -106,6 +107,13 @@ class AddJobOptions:
         self.dedup: bytes | None = None
         self.async_ = False
         self.with_dedup = False  # ADDJOBS WITHDEDUP: a DEDUP key before every body
+        # dead-letter policy (None: the node's default); `dl`: the policy built from them
+        # for the batch's queue (ADDJOBS: one shared by all its jobs)
+        self.max_deliveries: int | None = None
+        self.max_nacks: int | None = None
+        self.deadletter: bytes | None = None
+        self.deadttl = 0
+        self.dl: DeadLetter | None = None
 
 
 def parse_addjob_options(argv: list[bytes], i: int, end: int, batch: bool = False
@@ -143,6 +151,18 @@ def parse_addjob_options(argv: list[bytes], i: int, end: int, batch: bool = Fals
             if not value or len(value) > 512:
                 raise err("DEDUP key must be 1 to 512 bytes")
             o.dedup = value
+        elif opt == b"maxdeliveries":
+            o.max_deliveries = _ranged(value, 0, 65535, "MAXDELIVERIES must be between 0 and "
+                                                        "65535")
+        elif opt == b"maxnacks":
+            o.max_nacks = _ranged(value, 0, 65535, "MAXNACKS must be between 0 and 65535")
+        elif opt == b"deadletter":
+            if not value:
+                raise err("DEADLETTER queue name must not be empty")
+            o.deadletter = value
+        elif opt == b"deadttl":
+            o.deadttl = _ranged(value, 0, MAX_JOB_SECONDS, "DEADTTL must be a number of "
+                                f"seconds from 0 to {MAX_JOB_SECONDS}")
         else:
             raise syntax()
         i += 2
@@ -167,8 +187,12 @@ def add_one_job(c: Any, queue: bytes, body: bytes, timeout: int, o: AddJobOption
         if (len(q.jobs) if q is not None else 0) + unqueued >= o.maxlen:
             raise CommandError("MAXLEN", "Queue is already longer than the specified "
                                          "MAXLEN count")
+    dl = o.dl
+    if dl is None and (node.deadletter_defaults_on or o.max_deliveries or o.max_nacks
+                       or o.deadletter is not None):
+        dl = deadletter_policy(node, queue, o)
     job = node.add_job(queue, body, timeout, o.replicate, o.ttl, o.retry, o.delay, o.maxlen,
-                       o.async_)
+                       o.async_, dl)
     if dedup is not None:
         node.dedup_remember(queue, dedup, job)
     if job.state == WAIT_REPL:
@@ -176,6 +200,20 @@ def add_one_job(c: Any, queue: bytes, body: bytes, timeout: int, o: AddJobOption
         node.wait_replication(job, waiter, timeout)
         return waiter
     return b"+%b\r\n" % job.id
+
+
+def deadletter_policy(node: Any, queue: bytes, o: AddJobOptions) -> DeadLetter | None:
+    """The job's dead-letter policy from its options and the node's defaults
+    (default-max-deliveries, default-max-nacks, deadletter-queue); None without a limit
+    and without DEADLETTER."""
+    md = node.default_max_deliveries if o.max_deliveries is None else o.max_deliveries
+    mn = node.default_max_nacks if o.max_nacks is None else o.max_nacks
+    if not md and not mn and o.deadletter is None:
+        return None
+    dlq = node.deadletter_queue if o.deadletter is None else o.deadletter
+    if dlq == queue:
+        raise err("DEADLETTER queue must differ from the job's queue")
+    return DeadLetter(md, mn, dlq, queue, o.deadttl)
 
 
 _NO_OPTIONS = AddJobOptions()  # shared, never modified: plain `ADDJOB q body timeout`
@@ -216,6 +254,7 @@ def cmd_addjobs(c: Any, argv: list[bytes]) -> None:
     node = c.node
     # contradicting options are an error of the command, not of each job
     node.job_options(o.replicate, o.ttl, o.retry, o.delay)
+    o.dl = deadletter_policy(node, queue, o)  # one policy object shared by the batch
     group = AddJobGroup(c, array_len(len(items) // 2 if o.with_dedup else len(items)))
     replicating = node.replicating
     unqueued = 0  # new jobs of this batch waiting for their copies (MAXLEN counts them)
@@ -506,7 +545,57 @@ def show_fields(node: Any, job: Job) -> list[Any]:
         max(0, job.qtime - now) if job.qtime and job.state != ACKED else None,
         b"next-awake-within", max(0, job.awake - now) if job.awake else None,
         b"body", job.body,
+    ] + (deadletter_fields(job.dl) if job.dl is not None else [])
+
+
+def deadletter_fields(dl: DeadLetter) -> list[Any]:
+    """SHOW's fields for a job with a dead-letter policy (after the original's 30)."""
+    dead = dl.dead
+    return [
+        b"max-deliveries", dl.max_deliveries,
+        b"max-nacks", dl.max_nacks,
+        b"deadletter-queue", dl.queue,
+        b"source-queue", dl.source,
+        b"deadletter-reason", REASON_NAMES[dl.reason] if dead else None,
+        b"deadletter-time", dl.dead_at if dead else None,
+        b"redrives", dl.epoch // 2,
     ]
+
+
+# ---------------------------------------------------------------------------- REDRIVE
+@command("redrive", -2, "write denyoom")
+def cmd_redrive(c: Any, argv: list[bytes]) -> None:
+    """REDRIVE dead-letter-queue [COUNT n] [RATE jobs-per-second] [RESET] [ID id ...]:
+    dead jobs queued here back to their source queues, by a task moving RATE a second
+    (reply: how many it will move), or the IDs given, at once (reply: how many moved)."""
+    node = c.node
+    count: int | None = None
+    rate = node.redrive_rate
+    reset = False
+    ids: list[bytes] | None = None
+    i = 2
+    while i < len(argv):
+        opt = argv[i].lower()
+        if opt == b"reset":
+            reset = True
+            i += 1
+        elif opt == b"id":
+            ids = job_ids(argv, i + 1)
+            if not ids:
+                raise syntax()
+            break
+        elif opt == b"count":
+            count = _ranged(_opt_value(argv, i), 1, None, "COUNT must be a positive number")
+            i += 2
+        elif opt == b"rate":
+            rate = _ranged(_opt_value(argv, i), 1, None, "RATE must be a positive number")
+            i += 2
+        else:
+            raise syntax()
+    if ids is not None:
+        c.out.append(integer(node.deadletters.redrive_ids(argv[1], ids, reset)))
+    else:
+        c.out.append(integer(node.deadletters.redrive(argv[1], count, rate, reset)))
 
 
 @command("show", 2, "readonly fast")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 WAIT_REPL = 0
 ACTIVE = 1
 QUEUED = 2
@@ -32,7 +34,7 @@ class Job:
 
     __slots__ = ("id", "queue", "body", "state", "flags", "repl", "ctime", "etime", "delay",
                  "retry", "nacks", "deliveries", "delivered", "confirmed", "qtime", "awake",
-                 "gc_retry")
+                 "gc_retry", "dl")
 
     def __init__(self, job_id: bytes, queue: bytes | None, body: bytes | None, repl: int,
                  ctime: int, etime: int, delay: int, retry: int,
@@ -54,6 +56,7 @@ class Job:
         self.qtime = 0  # ms: next (re)queue on this node, 0 = never
         self.awake = 0  # ms: when the timer wheel looks at the job next, 0 = not scheduled
         self.gc_retry = 0
+        self.dl: Any = None  # DeadLetter (disque.jobs.deadletter) or None
 
     def __repr__(self) -> str:
         return f"<Job {self.id.decode()} {STATE_NAMES[self.state].decode()}>"

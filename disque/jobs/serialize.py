@@ -6,6 +6,10 @@ GC attempt (high 4 bits) in one byte, flags u8, repl u16, etime u32 (unix second
 u64, delay u32, retry u32, nacks u16, additional deliveries u16; then u32 length + queue
 name, u32 length + body, u32 count + count x 40-byte node IDs (nodes-delivered).
 
+A job with a dead-letter policy (disque-py only) has one more field after the node IDs:
+u32 length + the msgpack array of `DeadLetter.to_wire()`. Jobs without one are laid out
+exactly as the original's.
+
 Storage form (the AOF) keeps the state and an absolute etime; message form (the bus) sends
 "seconds left + 1" and clears the delivered flag, as the original.
 """
@@ -14,6 +18,9 @@ from __future__ import annotations
 
 import struct
 
+import msgpack
+
+from disque.jobs.deadletter import DeadLetter
 from disque.jobs.job import F_DELIVERED, Job
 
 _FIXED = struct.Struct("<40sBBHIQIIHH")  # 68 bytes
@@ -37,8 +44,12 @@ def serialize_job(job: Job, storage: bool = True, now_ms: int = 0) -> bytes:
                         job.repl & 0xFFFF, etime_s & 0xFFFFFFFF, job.ctime,
                         job.delay & 0xFFFFFFFF, job.retry & 0xFFFFFFFF, min(job.nacks, 0xFFFF),
                         min(job.deliveries, 0xFFFF))
-    rest = b"".join((fixed, _U32.pack(len(queue)), queue, _U32.pack(len(body)), body,
-                     _U32.pack(len(delivered)), *delivered))
+    parts = [fixed, _U32.pack(len(queue)), queue, _U32.pack(len(body)), body,
+             _U32.pack(len(delivered)), *delivered]
+    if job.dl is not None:
+        ext = msgpack.packb(job.dl.to_wire())
+        parts += (_U32.pack(len(ext)), ext)
+    rest = b"".join(parts)
     return _U32.pack(len(rest)) + rest
 
 
@@ -63,9 +74,19 @@ def deserialize_job(data: bytes, offset: int = 0, storage: bool = True,
         pos += 4 + blen
         (count,) = _U32.unpack_from(data, pos)
         pos += 4
-        if pos + 40 * count != end or len(queue) != qlen or len(body) != blen:
+        ids_end = pos + 40 * count
+        if ids_end > end or len(queue) != qlen or len(body) != blen:
             raise SerializeError("serialized job has inconsistent lengths")
         delivered = tuple(bytes(data[pos + 40 * i:pos + 40 * (i + 1)]) for i in range(count))
+        dl = None
+        if ids_end < end:
+            (elen,) = _U32.unpack_from(data, ids_end)
+            if ids_end + 4 + elen != end:
+                raise SerializeError("serialized job has inconsistent lengths")
+            try:
+                dl = DeadLetter.from_wire(msgpack.unpackb(bytes(data[ids_end + 4:end])))
+            except (ValueError, msgpack.UnpackException) as exc:
+                raise SerializeError(f"bad dead-letter field: {exc}") from None
     except struct.error as exc:
         raise SerializeError(f"serialized job is truncated: {exc}") from None
     state = state_gc & 0x0F
@@ -78,4 +99,5 @@ def deserialize_job(data: bytes, offset: int = 0, storage: bool = True,
     job.flags = flags & _PERSISTED_FLAGS
     job.nacks = nacks
     job.deliveries = deliveries
+    job.dl = dl
     return job, end

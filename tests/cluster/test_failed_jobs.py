@@ -57,3 +57,75 @@ def test_nack_delay_holds_the_job_back_on_every_holder(cluster) -> None:
     for p in c.nodes:
         s = show(p, job_id)
         assert (s["nacks"], s["additional-deliveries"]) == (1, 0), (p.port, s)
+
+
+def state(proc: DisqueProcess, job_id: str) -> tuple[str, str] | None:
+    s = show(proc, job_id)
+    return None if s is None else (s["state"].decode(), s["queue"].decode())
+
+
+def test_maxnacks_moves_the_job_to_its_dead_letter_queue_on_every_holder(cluster) -> None:
+    c = cluster(3)
+    a = c[0]
+    job_id = add(a, "REPLICATE", 3, "RETRY", 2, "MAXNACKS", 2, "DEADLETTER", "dead")
+    for _ in range(2):
+        assert fetch(a) == job_id
+        assert cmd(a, "NACK", job_id) == 1
+    s = show(a, job_id)
+    assert (s["state"], s["queue"]) == (b"queued", b"dead")
+    assert (s["deadletter-reason"], s["source-queue"]) == (b"max-nacks", Q.encode())
+    assert s["nacks"] == 2 and s["body"] == b"body"
+    # every holder follows: renamed, and queued nowhere else; it stays so over RETRYs
+    wait_for(lambda: all(show(p, job_id)["queue"] == b"dead" for p in c.nodes))
+    holds_for(lambda: queued_on(c.nodes, job_id) == ["dead"], 5, "queued once, in dead")
+    assert cmd(a, "QSTAT", Q)[-2:] == [b"deadlettered", 1]
+    fields = dict(line.split(":", 1) for line in cmd(a, "INFO", "jobs").decode().split("\r\n")
+                  if ":" in line)
+    assert fields["deadlettered_jobs"] == "1"
+    # an ordinary job of the dead-letter queue: GETJOB + ACKJOB remove it everywhere
+    assert fetch(a, "dead") == job_id
+    assert cmd(a, "ACKJOB", job_id) == 1
+    wait_for(lambda: all(show(p, job_id) is None for p in c.nodes), timeout=20)
+
+
+def test_maxdeliveries_dead_letters_a_job_whose_consumers_never_ack(cluster) -> None:
+    c = cluster(3)
+    job_id = add(c[0], "REPLICATE", 3, "RETRY", 1, "MAXDELIVERIES", 2)
+    seen = 0
+    deadline = time.monotonic() + 30
+    while seen < 2 and time.monotonic() < deadline:
+        for p in c.nodes:
+            reply = cmd(p, "GETJOB", "NOHANG", "FROM", Q)
+            if reply:
+                assert reply[0][1].decode() == job_id
+                seen += 1
+    assert seen == 2
+    # the default dead-letter queue; every holder ends with it, queued on one node only
+    wait_for(lambda: queued_on(c.nodes, job_id) == ["deadletter"], timeout=20)
+    wait_for(lambda: all(show(p, job_id)["queue"] == b"deadletter" for p in c.nodes))
+    s = show(c[0], job_id)
+    assert s["deadletter-reason"] == b"max-deliveries"
+    holds_for(lambda: queued_on(c.nodes, job_id) == ["deadletter"], 4, "dead once")
+
+
+def test_redrive_moves_dead_jobs_back_to_their_source_queue(cluster) -> None:
+    c = cluster(3)
+    a = c[0]
+    ids = [add(a, "REPLICATE", 2, "RETRY", 30, "MAXNACKS", 1, "DEADLETTER", "dead",
+               body=f"b{i}") for i in range(3)]
+    for job_id in ids:
+        assert fetch(a) in ids
+    assert cmd(a, "NACK", *ids) == 3
+    assert cmd(a, "QLEN", "dead") == 3
+    # one by ID, at once, counters reset
+    assert cmd(a, "REDRIVE", "dead", "RESET", "ID", ids[0]) == 1
+    s = show(a, ids[0])
+    assert (s["queue"], s["state"], s["nacks"], s["redrives"]) == (Q.encode(), b"queued", 0, 1)
+    assert s["deadletter-reason"] is None
+    # the rest by the rate-limited task, counters kept
+    assert cmd(a, "REDRIVE", "dead", "RATE", 10) == 2
+    wait_for(lambda: cmd(a, "QLEN", "dead") == 0 and cmd(a, "QLEN", Q) == 3)
+    assert show(a, ids[1])["nacks"] == 1
+    wait_for(lambda: all(show(p, j)["queue"] == Q.encode() for p in c.nodes
+                         for j in ids if show(p, j) is not None))
+    assert cmd(a, "REDRIVE", "dead") == 0

@@ -146,7 +146,8 @@ def job3(queue: bytes, job_id: bytes, body: bytes) -> bytes:
 # ---------------------------------------------------------------------------------- table
 
 # The original's 32 commands (checklist section 1). HELLO takes -1 here for the Redis 6
-# handshake (`HELLO 3`); ECHO and ADDJOBS (batch ADDJOB) are additions (docs/commands.md).
+# handshake (`HELLO 3`); ECHO, ADDJOBS (batch ADDJOB) and REDRIVE (dead letters) are
+# additions (docs/commands.md).
 ORIGINAL = {
     "auth": (2, "readonly loading fast"), "ping": (-1, "readonly fast"),
     "info": (-1, "readonly loading"), "shutdown": (-1, "readonly admin loading"),
@@ -170,12 +171,12 @@ def test_command_table_has_the_original_commands_with_their_arity_and_flags():
     for name, (arity, flags) in ORIGINAL.items():
         cmd = TABLE[name.encode()]
         assert (cmd.arity, " ".join(cmd.flags)) == (arity, flags), name
-    assert set(TABLE) - {n.encode() for n in ORIGINAL} == {b"echo", b"addjobs"}
+    assert set(TABLE) - {n.encode() for n in ORIGINAL} == {b"echo", b"addjobs", b"redrive"}
 
 
 def test_only_the_commands_adding_or_queueing_jobs_are_denyoom():
     assert {n for n, c in TABLE.items() if c.denyoom} == {b"addjob", b"addjobs", b"enqueue",
-                                                          b"nack"}
+                                                          b"nack", b"redrive"}
 
 
 @pytest.mark.parametrize("text,value", [
