@@ -116,6 +116,10 @@ class Config:
     cluster_announce_port: int = 0
     cluster_password: str = ""
     cluster_port_offset: int = 10000
+    # HTTP side (disque.http): /metrics, JSON API, dashboard; 0 = off
+    http_port: int = 0
+    http_password: str = ""
+    metrics_max_queues: int = 100
     # slow log, latency monitor, watchdog
     slowlog_log_slower_than: int = 10000
     slowlog_max_len: int = 128
@@ -532,6 +536,9 @@ DIRECTIVES: tuple[Directive, ...] = (
     D("appendfilename", _FileName()),
     D("cluster-port-offset", _Int(1, 65535)),
     D("cluster-password", _Secret()),
+    D("http-port", _Int(0, 65535), settable=True),
+    D("http-password", _Secret(MAX_PASSWORD_LEN), settable=True),
+    D("metrics-max-queues", _Int(0), settable=True),
     # in the file, not in CONFIG GET
     D("syslog-enabled", _Bool(), shown=False),
     D("syslog-ident", _String(), shown=False),

@@ -333,6 +333,10 @@ class Node(ClusterJobs):
         q = self._qshards[hash(job.queue) & self._qmask].get(job.queue) \
             or self.create_queue(job.queue, now)
         job.state = QUEUED
+        if job.flags & F_BCAST_QUEUED:
+            q.requeued += 1
+        else:
+            q.added += 1  # the first queueing on this node: jobs_in == added + requeued
         job.flags = (job.flags | F_BCAST_QUEUED) & ~F_BCAST_WILLQUEUE
         q.jobs.add(job)
         q.jobs_in += 1
@@ -456,6 +460,7 @@ class Node(ClusterJobs):
             job.flags = F_BCAST_QUEUED
             q.jobs.add(job)
             q.jobs_in += 1
+            q.added += 1
             q.atime = now
             if retry:
                 job.qtime = (now + retry * 1000 + int(self._random() * 2 * REQUEUE_JITTER)
@@ -722,6 +727,7 @@ class Node(ClusterJobs):
                 continue
             if job.state != ACKED:
                 known += 1
+                self.count_acked(job)
                 if job.delivered == self._self_only:
                     # Only this node ever held it: START-GC would find nobody to ask and
                     # delete it at once, so skip the GC timer ack_job arms for copies
@@ -732,6 +738,22 @@ class Node(ClusterJobs):
                 self.ack_job(job)
             self.start_gc(job)
         return known
+
+    def count_acked(self, job: Job) -> None:
+        """A client acknowledged a job here (ACKJOB / FASTACK): the queue's acked total,
+        when the queue object still exists (an evicted empty queue is not re-created)."""
+        q = self.queue_of(job)
+        if q is not None:
+            q.acked += 1
+
+    def count_nacked(self, job: Job) -> None:
+        q = self.queue_of(job)
+        if q is not None:
+            q.nacked += 1
+
+    def queue_of(self, job: Job) -> Queue | None:
+        return (self._qshards[hash(job.queue) & self._qmask].get(job.queue)
+                if job.queue is not None else None)
 
     def _dummy_ack(self, job_id: bytes) -> None:
         now = self.clock()
@@ -751,6 +773,8 @@ class Node(ClusterJobs):
             job = self.jobs.get(job_id)
             if job is not None:
                 known += 1
+                if job.state != ACKED:
+                    self.count_acked(job)
                 if self.others(job):
                     self.send_to(job.delivered, DelJob(self.header(), job_id))
                 self.delete_job(job)
@@ -783,6 +807,7 @@ class Node(ClusterJobs):
                 moved += 1
                 if nack:
                     job.nacks += 1
+                    self.count_nacked(job)
                     flags = QUEUED_INCR_NACKS
                 elif requeued:
                     job.deliveries += 1
@@ -809,6 +834,7 @@ class Node(ClusterJobs):
             if job.dl is not None and self.deadletters.check(job, now, nack=True):
                 continue
             job.nacks += 1
+            self.count_nacked(job)
             job.qtime = now + delay * 1000
             job.flags = (job.flags | F_NACK_DELAYED) & ~F_BCAST_WILLQUEUE
             self.schedule_job(job)

@@ -405,6 +405,7 @@ class Server:
         self.clients_paused_until = 0.0  # CLIENT PAUSE: monotonic end, 0 when not paused
         self.pause_handle: asyncio.TimerHandle | None = None
         self.listeners: list[Any] = []
+        self.http: Any = None  # disque.http.HttpSide while http-port is set
         self.start_time = time.time()
         self.now_mono = time.monotonic()
         self.loading = False
@@ -416,6 +417,7 @@ class Server:
         self.stat_connections = 0
         self.stat_rejected = 0
         self.stat_commands = 0
+        self.stat_unknown_commands = 0
         self.stat_net_input = 0
         self.stat_net_output = 0
         self.ops_samples: deque[tuple[float, int, int, int]] = deque(maxlen=16)
@@ -490,7 +492,21 @@ class Server:
                                      f"specified number of clients, try with {fits}")
 
         on_set(cfg, "maxclients", check_maxclients)
+        on_set(cfg, "http-port", lambda c, name: self.set_http_port(c))
         on_set(cfg, "dir", lambda c, name: self.change_dir(c))
+
+    def set_http_port(self, cfg: Config) -> None:
+        """CONFIG SET http-port: the HTTP listener moves to the new port at once (0 stops
+        it); a port that cannot be bound is refused and the old listener stays."""
+        if self.loop is None or (self.http is None and not cfg.http_port):
+            return
+        try:
+            if self.http is None:
+                self.http = new_http_side(self)
+            self.http.listen(cfg.bind, cfg.http_port, cfg.tcp_backlog)
+        except OSError as exc:
+            raise ConfigSetError(f"ERR Could not listen on http-port {cfg.http_port}: "
+                                 f"{exc.strerror or exc}") from None
 
     def change_dir(self, cfg: Config) -> None:
         """CONFIG SET dir: move the node's files, as the `dir` directive places them.
@@ -592,26 +608,32 @@ class Server:
                     c.flush()
                     c.close()
                     return
+                self.stat_unknown_commands += 1
                 c.out.append(b"-ERR unknown command '" + name.replace(b"\r", b" ")
                              .replace(b"\n", b" ") + b"'\r\n")
                 return
         arity = cmd.arity
         n = len(argv)
         if (arity > 0 and n != arity) or n < -arity:
+            cmd.rejected += 1
             c.out.append(wrong_arity(cmd.name).resp())
             return
         if not c.authenticated and not cmd.noauth:
+            cmd.rejected += 1
             c.out.append(NOAUTH_REPLY)
             return
         node = self.node
         if cmd.denyoom and node.mem_used > node.mem_evict_at and not node.ensure_memory():
+            cmd.rejected += 1
             c.out.append(OOM_REPLY)
             return
         if self.loading and not cmd.loading:
+            cmd.rejected += 1
             c.out.append(LOADING_REPLY)
             return
         if (cmd.write or cmd.name == "ping") and self.aofm.aof is not None \
                 and self.aofm.aof.last_write_error is not None:
+            cmd.rejected += 1
             c.out.append(b"-MISCONF Errors writing to the AOF file: "
                          + self.aofm.aof.last_write_error.encode() + b"\r\n")
             return
@@ -622,8 +644,10 @@ class Server:
         try:
             cmd.handler(c, argv)
         except CommandError as exc:
+            cmd.failed += 1
             c.out.append(exc.resp())
         except Exception as exc:  # never let one command take the server down
+            cmd.failed += 1
             log.exception("command.crash", command=cmd.name)
             c.out.append(b"-ERR internal error while running '" + cmd.name.encode()
                          + b"': " + type(exc).__name__.encode() + b"\r\n")
@@ -768,6 +792,9 @@ class Server:
             self.own_files.append(os.path.abspath(cfg.unixsocket))
         if cfg.port:
             await self.bus.start(cfg.bind, cfg.port + cfg.cluster_port_offset, cfg.tcp_backlog)
+        if cfg.http_port:
+            self.http = new_http_side(self)
+            await self.http.start(cfg.bind, cfg.http_port, cfg.tcp_backlog)
         self.cron()
         self.bus_cron()
         await self.aofm.load_at_start()
@@ -790,6 +817,8 @@ class Server:
         log.info("server.shutdown", reason="requested", pid=os.getpid())
         for srv in self.listeners:
             srv.close()
+        if self.http is not None:
+            self.http.close_listeners()
         self.bus.close()
         for c in list(self.clients.values()):
             c.closing = True
@@ -885,6 +914,14 @@ class Server:
 
 
 _config_lock_fd: int | None = None
+
+
+def new_http_side(server: Server) -> Any:
+    """The HTTP side, imported only when http-port is set (aiohttp costs start-up time)."""
+    from disque.http import HttpSide, NodeView
+
+    assert server.loop is not None
+    return HttpSide(NodeView(server), server.loop)
 
 
 class ClusterConfigError(Exception):

@@ -79,6 +79,7 @@ class AppendOnlyFile:
         self.fd_lock = threading.Lock()
         self.fsync_running = False
         self.dirty = False
+        self.dirty_since = 0.0  # monotonic time of the oldest write not yet fsynced (metrics)
         self.no_fsync_on_rewrite = False  # no-appendfsync-on-rewrite
         self.stopping = threading.Event()
         self.thread: threading.Thread | None = None
@@ -136,6 +137,8 @@ class AppendOnlyFile:
             self.last_write_error = None
             self.current_size += len(self.buf)
             self.buf.clear()
+            if not self.dirty:
+                self.dirty_since = time.monotonic()
             self.dirty = True
         if fsync and self.dirty and self.fd is not None and not self.skip_fsync():
             try:

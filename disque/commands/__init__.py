@@ -21,7 +21,7 @@ FLAG_ORDER = ("write", "readonly", "denyoom", "admin", "random", "loading", "ski
 
 class Command:
     __slots__ = ("name", "arity", "flags", "handler", "denyoom", "loading", "noauth",
-                 "write", "calls", "usec")
+                 "write", "calls", "usec", "failed", "rejected")
 
     def __init__(self, name: str, arity: int, flags: str, handler: Callable[..., Any],
                  noauth: bool = False) -> None:
@@ -35,6 +35,8 @@ class Command:
         self.noauth = noauth  # may run before AUTH (AUTH, HELLO)
         self.calls = 0
         self.usec = 0
+        self.failed = 0  # the handler answered an error (CommandError or a crash)
+        self.rejected = 0  # refused before the handler: arity, NOAUTH, OOM, LOADING, MISCONF
 
 
 TABLE: dict[bytes, Command] = {}

@@ -286,8 +286,9 @@ def cmd_config(c: Any, argv: list[bytes]) -> None:
 
 def reset_stats(server: Any) -> None:
     for cmd in TABLE.values():
-        cmd.calls = cmd.usec = 0
+        cmd.calls = cmd.usec = cmd.failed = cmd.rejected = 0
     server.stat_connections = server.stat_rejected = server.stat_commands = 0
+    server.stat_unknown_commands = 0
     server.stat_net_input = server.stat_net_output = 0
     server.ops_samples.clear()
     server.peak_memory = server.node.used_memory()

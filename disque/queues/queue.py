@@ -15,7 +15,7 @@ class Queue:
     __slots__ = ("name", "jobs", "ctime", "atime", "paused", "waiters", "jobs_in",
                  "jobs_out", "needjobs_bcast_time", "needjobs_adhoc_time",
                  "needjobs_bcast_attempt", "needjobs_adhoc_attempt", "needjobs_responders",
-                 "import_rate", "import_samples")
+                 "import_rate", "import_samples", "added", "acked", "nacked", "requeued")
 
     def __init__(self, name: bytes, now_ms: int) -> None:
         self.name = name
@@ -27,6 +27,12 @@ class Queue:
         self.waiters: dict[Any, None] = {}
         self.jobs_in = 0
         self.jobs_out = 0
+        # Totals for /metrics (disque.http), bumped where the event happens; see
+        # docs/metrics.md for exactly what each counts.
+        self.added = 0
+        self.acked = 0
+        self.nacked = 0
+        self.requeued = 0
         # Federation bookkeeping (NEEDJOBS / YOURJOBS), filled in by the cluster layer.
         self.needjobs_bcast_time = 0
         self.needjobs_adhoc_time = 0

@@ -1,7 +1,7 @@
 """A local cluster for development: N `disque-server` processes on consecutive ports.
 
     python -m disque.tools.cluster start [--nodes 3] [--port 7711] [--dir run/cluster]
-                                         [--timeout MS] [--wait SECONDS]
+                                         [--timeout MS] [--wait SECONDS] [--http-offset 1000]
     python -m disque.tools.cluster stop [--dir run/cluster]
     python -m disque.tools.cluster status [--dir run/cluster] [--port PORT]
 
@@ -15,6 +15,8 @@ same directory brings the same nodes back: their identities and peers are in the
 `status` prints CLUSTER NODES as the first (lowest-port) node sees it.
 
 The bus of each node listens on port + 10000, on 127.0.0.1 only (the server's default bind).
+Each node also serves its dashboard and /metrics on port + 1000 (`--http-offset`, 0 = off);
+`start` prints the dashboard addresses.
 """
 
 from __future__ import annotations
@@ -169,16 +171,20 @@ def start(args: argparse.Namespace) -> int:
     if ports[-1] + 10000 > 65535:
         raise ToolError("ports too high: the cluster bus needs port + 10000 <= 65535")
     extra = ["--cluster-password", args.password] if args.password else []
+    http = args.http_offset
+    if http and ports[-1] + http > 65535:
+        raise ToolError("ports too high for --http-offset: port + offset must be <= 65535")
     for port in ports:  # check everything before starting anything
         d = node_dir(base, port)
         pid = read_pid(d)
         if pid is not None and running(pid):
             raise ToolError(f"a node is already running in {d} (pid {pid}): run `stop` first")
-        for p in (port, port + 10000):
+        for p in (port, port + 10000, *((port + http,) if http else ())):
             if not port_free(p):
                 raise ToolError(f"port {p} is already in use on {HOST}")
     for port in ports:
-        spawn(port, node_dir(base, port), args.timeout, extra)
+        spawn(port, node_dir(base, port), args.timeout,
+              extra + (["--http-port", str(port + http)] if http else []))
 
     deadline = time.monotonic() + args.wait
     for port in ports:
@@ -212,6 +218,9 @@ def start(args: argparse.Namespace) -> int:
         print(f"{HOST}:{port} {node_id} {node_dir(base, port)}")
     print(f"{len(ports)} node(s) in a full mesh; the bus listens on port + 10000. "
           f"Stop them with: python -m disque.tools.cluster stop --dir {base}")
+    if http:
+        print(f"dashboard: http://{HOST}:{ports[0] + http}/ (every node serves one, and "
+              f"/metrics, on its port + {http})")
     return 0
 
 
@@ -274,6 +283,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--password", default="", help="cluster-password for every node")
     s.add_argument("--wait", type=float, default=30.0, metavar="SECONDS",
                    help="how long to wait for the nodes and the full mesh (default 30)")
+    s.add_argument("--http-offset", type=int, default=1000, metavar="N",
+                   help="each node's http-port (dashboard, /metrics) is its port + N; "
+                        "0 turns HTTP off (default 1000)")
     s.set_defaults(func=start)
 
     t = sub.add_parser("stop", help="SIGTERM every node started under --dir")

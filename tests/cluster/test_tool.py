@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +22,8 @@ N = 3
 
 
 def free_port_range(n: int) -> int:
-    """A base port such that base..base+n-1 and their bus ports are all free."""
+    """A base port such that base..base+n-1, their bus ports and their HTTP ports (port +
+    1000, the tool's default) are all free."""
     def bindable(port: int) -> bool:
         with socket.socket() as s:
             try:
@@ -33,7 +35,8 @@ def free_port_range(n: int) -> int:
     for _ in range(200):
         base = free_port()
         if base + n - 1 + 10000 <= 65535 and all(
-                bindable(p) and bindable(p + 10000) for p in range(base, base + n)):
+                bindable(p) and bindable(p + 10000) and bindable(p + 1000)
+                for p in range(base, base + n)):
             return base
     raise RuntimeError(f"no {n} consecutive free port pairs")
 
@@ -80,6 +83,12 @@ def test_tool_starts_a_meshed_cluster_and_stops_it(run_dir):
         assert (n.workdir / "log.txt").exists()
         pid = read_pid(n.workdir)
         assert pid is not None and running(pid)
+
+    # every node serves its dashboard and /metrics on port + 1000; the first one is printed
+    assert f"dashboard: http://127.0.0.1:{port + 1000}/" in done.stdout, done.stdout
+    for p in ports:
+        with urllib.request.urlopen(f"http://127.0.0.1:{p + 1000}/metrics", timeout=10) as r:
+            assert b"disque_cluster_known_nodes 3.0" in r.read()
 
     status = tool("status", "--dir", str(run_dir))
     assert status.returncode == 0, status.stderr

@@ -256,9 +256,10 @@ def admin_command(r: random.Random, myid: str) -> list[str]:
     if k < 45:
         name = r.choice(SETTABLE)
         value = r.choice(VALUES)
-        if name in ("timeout", "requirepass", "maxclients", "appendonly"):
+        if name in ("timeout", "requirepass", "maxclients", "appendonly", "http-port"):
+            # (http-port: a random value would open a listener on whatever port it names)
             value = {"timeout": "0", "requirepass": "", "maxclients": "10000",
-                     "appendonly": r.choice(["yes", "no"])}[name]
+                     "appendonly": r.choice(["yes", "no"]), "http-port": "0"}[name]
         return ["CONFIG", "SET", r.choice([name, name.upper()]), value]
     if k < 50:
         return ["CONFIG", "GET", r.choice([*SETTABLE, "*", "[", "*max*", "", "\x00"])]
@@ -359,7 +360,7 @@ def test_admin_fuzz_config_file_is_kept_readable(make_server) -> None:  # type: 
     accepted: dict[str, str] = {}
     with Conn(proc.port) as c:
         for name in SETTABLE:
-            if name in ("timeout", "maxclients", "requirepass", "appendonly"):
+            if name in ("timeout", "maxclients", "requirepass", "appendonly", "http-port"):
                 continue
             for value in VALUES:
                 if value == "0" and name in ("maxmemory", "cluster-node-timeout"):

@@ -476,7 +476,8 @@ GET_ORDER = [
     "log-format", "proto-max-bulk-len", "client-query-buffer-limit", "queue-idle-timeout",
     "default-max-deliveries", "default-max-nacks", "deadletter-queue", "redrive-rate",
     "cluster-announce-ip", "cluster-announce-port", "cluster-config-file", "appendfilename",
-    "cluster-port-offset", "cluster-password",
+    "cluster-port-offset", "cluster-password", "http-port", "http-password",
+    "metrics-max-queues",
 ]
 
 
@@ -519,7 +520,7 @@ def test_config_get_formats(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("pattern", "names"), [
     ("port", ["port"]),
     ("maxmemory*", ["maxmemory", "maxmemory-samples", "maxmemory-policy"]),
-    ("*port", ["port", "cluster-announce-port"]),
+    ("*port", ["port", "cluster-announce-port", "http-port"]),
     ("slowlog-*", ["slowlog-log-slower-than", "slowlog-max-len"]),
     ("h?", ["hz"]),
     ("[dp]i*", ["pidfile", "dir"]),

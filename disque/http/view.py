@@ -1,0 +1,269 @@
+"""NodeView: the one door between the HTTP side and the node.
+
+The HTTP side (metrics collector, JSON API) never touches the server, the node, the
+membership or the AOF directly: it asks this object. Reads are plain attribute walks done at
+request / scrape time (nothing is added to the RESP hot path). Everything that changes state,
+and every read that a command already formats (SHOW, JSCAN, QPEEK), goes through
+`command()`, which runs the node's own command code exactly as a RESP client would: the same
+argument parsing, error texts, MONITOR feed and command statistics. There is no second
+implementation of any command here.
+
+Invariant: `command()` only accepts the commands in `ALLOWED` (none of them can block or
+close the connection), so the internal client never waits on anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import hiredis
+
+from disque.client.replies import decode as _text
+from disque.cluster.nodes import flag_names
+from disque.commands.admin import info_sections, password_bytes
+from disque.commands.queues import queue_stats
+from disque.jobs.job import STATE_NAMES
+from disque.protocol.reply import NULL_ARRAY2, NULL_BULK2
+
+# The commands the HTTP side may run: the dashboard's reads and its actions.
+ALLOWED = frozenset({
+    b"PAUSE", b"NACK", b"ACKJOB", b"FASTACK", b"DELJOB", b"ENQUEUE", b"DEQUEUE", b"QPEEK",
+    b"JSCAN", b"SHOW", b"QSTAT", b"QLEN", b"QSCAN", b"INFO", b"HELLO", b"PING",
+})
+
+CENSUS_SLICE = 20_000  # jobs counted between two yields to the event loop
+# A census is reused while it is younger than CENSUS_REUSE times what it took to take (at
+# most CENSUS_MAX_AGE seconds): on a small registry every request counts afresh, on a big one
+# however many scrapers and dashboards poll, walking it costs the loop at most ~5% of its time.
+CENSUS_REUSE = 20
+CENSUS_MAX_AGE = 5.0
+
+
+class CommandFailed(Exception):
+    """The command answered an error (its text, as a RESP client would read it)."""
+
+
+class InternalClient:
+    """What `Server.execute` and the command handlers need of a client, and nothing more:
+    replies are collected in `out` (RESP2) and parsed by the caller."""
+
+    __slots__ = ("server", "node", "id", "out", "proto", "null_bulk", "null_array",
+                 "authenticated", "name", "addr", "laddr", "waiter", "closing", "monitor",
+                 "last_cmd", "reply_mode", "lib_name", "lib_ver", "transport", "ctime",
+                 "last_interaction")
+
+    def __init__(self, server: Any, addr: str) -> None:
+        self.server = server
+        self.node = server.node
+        self.id = 0
+        self.out: list[bytes] = []
+        self.proto = 2
+        self.null_bulk = NULL_BULK2
+        self.null_array = NULL_ARRAY2
+        self.authenticated = True  # the HTTP side checked its own password first
+        self.name = b"http"
+        self.addr = addr
+        self.laddr = ""
+        self.waiter: Any = None
+        self.closing = False
+        self.monitor = False
+        self.last_cmd: Any = None
+        self.reply_mode = 0
+        self.lib_name = b""
+        self.lib_ver = b""
+        self.transport: Any = None
+        self.ctime = self.last_interaction = time.monotonic()
+
+    def block(self, waiter: Any) -> None:  # pragma: no cover - ALLOWED commands never block
+        raise RuntimeError("the HTTP side runs no blocking command")
+
+
+def pairs(flat: list[Any]) -> dict[str, Any]:
+    """A flat RESP2 [name, value, ...] reply (SHOW, QSTAT, JSCAN REPLY ALL) as a dict."""
+    return {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat) - 1, 2)}
+
+
+class Census:
+    """Jobs counted by state, and per queue the active (delivered, not acked) ones."""
+
+    __slots__ = ("by_state", "active_by_queue", "taken_at", "took")
+
+    def __init__(self) -> None:
+        self.by_state = dict.fromkeys((s.decode() for s in STATE_NAMES), 0)
+        self.active_by_queue: dict[bytes, int] = {}
+        self.taken_at = 0.0
+        self.took = 0.0  # seconds the walk took, yields to the loop included
+
+
+class NodeView:
+    """Read-only facade over the running server, plus the command door."""
+
+    def __init__(self, server: Any) -> None:
+        self._server = server
+        self._census: Census | None = None
+        self._census_task: asyncio.Task[Census] | None = None
+
+    # ------------------------------------------------------------------ configuration
+    @property
+    def http_password(self) -> str:
+        """http-password, else requirepass ('' = open)."""
+        cfg = self._server.cfg
+        return cfg.http_password or cfg.requirepass
+
+    @property
+    def resp_password(self) -> str:
+        """requirepass: what this node gives its peers' RESP ports (a cluster shares it)."""
+        return self._server.cfg.requirepass
+
+    def password_matches(self, given: str) -> bool:
+        import hmac
+        want = password_bytes(self.http_password)
+        return hmac.compare_digest(password_bytes(given), want)
+
+    @property
+    def maxmemory(self) -> int:
+        return self._server.cfg.maxmemory
+
+    @property
+    def metrics_max_queues(self) -> int:
+        return self._server.cfg.metrics_max_queues
+
+    # ------------------------------------------------------------------ the command door
+    def command(self, *args: str | bytes, addr: str = "http") -> Any:
+        """Run one command through the node's dispatcher; its reply, decoded by hiredis.
+        Raises CommandFailed with the error text when the command answers an error."""
+        argv = [a if isinstance(a, bytes) else a.encode("utf-8", "surrogateescape")
+                for a in args]
+        if not argv or argv[0].upper() not in ALLOWED:
+            raise CommandFailed(f"ERR command not available over HTTP: {_text(argv[:1])}")
+        c = InternalClient(self._server, addr)
+        self._server.execute(c, argv)
+        reader = hiredis.Reader()
+        reader.feed(b"".join(c.out))
+        reply = reader.gets()
+        if isinstance(reply, hiredis.ReplyError):
+            raise CommandFailed(str(reply))
+        if self._server.node.out and not self._server.route_scheduled:
+            self._server.schedule_route()  # bus messages the command produced (NACK, ACK...)
+        return reply
+
+    # ------------------------------------------------------------------ node
+    def info(self) -> dict[str, dict[str, Any]]:
+        """INFO's sections, from the function that renders INFO (the same numbers)."""
+        return {name: dict(fields) for name, fields in info_sections(self._server).items()}
+
+    def myself(self) -> dict[str, Any]:
+        s = self._server
+        me = s.membership.me
+        return {"id": s.node_id.decode(), "ip": me.ip.decode(), "port": s.cfg.port,
+                "http_port": s.cfg.http_port}
+
+    def commands(self) -> list[tuple[str, int, int, int, int]]:
+        """(name, calls, usec, failed, rejected) per command that ran at least once."""
+        out = []
+        for cmd in self._server.table.values():
+            calls = cmd.calls
+            failed = cmd.failed
+            rejected = cmd.rejected
+            if calls or failed or rejected:
+                out.append((cmd.name, calls, cmd.usec, failed, rejected))
+        return out
+
+    def unknown_commands(self) -> int:
+        return self._server.stat_unknown_commands
+
+    def aof(self) -> dict[str, Any]:
+        """AOF size and how long the oldest write not yet fsynced has waited."""
+        aof = self._server.aofm.aof
+        if aof is None:
+            return {"enabled": False, "size": 0, "fsync_lag": 0.0}
+        lag = time.monotonic() - aof.dirty_since if aof.dirty else 0.0
+        return {"enabled": True, "size": aof.current_size, "fsync_lag": max(0.0, lag)}
+
+    # ------------------------------------------------------------------ cluster
+    def cluster_nodes(self) -> list[dict[str, Any]]:
+        """Every known node: address, flags, HELLO priority, link state."""
+        out = []
+        for n in self._server.membership.nodes():
+            names = flag_names(n.bits)
+            me = "myself" in names
+            out.append({
+                "id": n.id.decode(), "ip": n.ip.decode(), "port": n.port,
+                "flags": names or ["noflags"], "priority": n.priority,
+                "link": "self" if me else ("up" if n.out_link is not None else "down"),
+                "pong_received": n.pong_received,
+            })
+        return out
+
+    def bus_messages(self) -> dict[str, tuple[int, int, int, int]]:
+        """Per message type: (sent, received, bytes sent, bytes received)."""
+        from disque.cluster.messages import TYPE_NAMES
+        st = self._server.membership.stats
+        return {name: (st.msgs_sent.get(t, 0), st.msgs_received.get(t, 0),
+                       st.bytes_sent.get(t, 0), st.bytes_received.get(t, 0))
+                for t, name in TYPE_NAMES.items()}
+
+    def peer_addresses(self) -> list[tuple[str, str, int]]:
+        """(id, ip, client port) of the other nodes, for the dashboard's per-node INFO."""
+        return [(n.id.decode(), n.ip.decode(), n.port)
+                for n in self._server.membership.nodes() if not n.bits & 1 and n.ip]
+
+    # ------------------------------------------------------------------ queues
+    def queues(self, active: dict[bytes, int] | None = None) -> list[dict[str, Any]]:
+        """Every queue: QSTAT's fields (the function QSTAT renders) plus its counters, and
+        its active jobs from a census (`active`)."""
+        node = self._server.node
+        now = node.clock()
+        out = []
+        for q in node.queues.values():
+            st = queue_stats(node, q)
+            d = {_text(st[i]): _text(st[i + 1]) for i in range(0, len(st), 2)}
+            first = q.jobs.first() if len(q.jobs) else None
+            d["oldest_age"] = (max(0, now - first.ctime // 1_000_000) / 1000
+                               if first is not None else 0.0)
+            d["added"] = q.added
+            d["acked"] = q.acked
+            d["nacked"] = q.nacked
+            d["requeued"] = q.requeued
+            d["active"] = active.get(q.name, 0) if active else 0
+            out.append(d)
+        return out
+
+    async def census(self) -> Census:
+        """Jobs by state, counted over the registry a slice at a time (the loop serves RESP
+        between slices); a recent census is reused (see CENSUS_REUSE), and concurrent
+        callers share one walk."""
+        c = self._census
+        if c is not None and time.monotonic() - c.taken_at < min(CENSUS_MAX_AGE,
+                                                                 c.took * CENSUS_REUSE):
+            return c
+        if self._census_task is None or self._census_task.done():
+            self._census_task = asyncio.ensure_future(self._take_census())
+        return await asyncio.shield(self._census_task)
+
+    async def _take_census(self) -> Census:
+        start = time.monotonic()
+        c = Census()
+        jobs = self._server.node.jobs
+        counts = [0] * len(STATE_NAMES)
+        active = c.active_by_queue
+        seen = 0
+        for i in range(jobs.shard_count()):
+            shard = jobs.shard(i)
+            if not shard:
+                continue
+            for job in list(shard.values()):
+                counts[job.state] += 1
+                if job.state == 1 and job.queue is not None:  # ACTIVE
+                    active[job.queue] = active.get(job.queue, 0) + 1
+            seen += len(shard)
+            if seen >= CENSUS_SLICE:
+                seen = 0
+                await asyncio.sleep(0)
+        c.by_state = {STATE_NAMES[i].decode(): n for i, n in enumerate(counts)}
+        c.taken_at = time.monotonic()
+        c.took = c.taken_at - start
+        self._census = c
+        return c
