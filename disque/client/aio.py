@@ -319,6 +319,13 @@ class AsyncClient(ClientBase):
         reply, node = await self._execute(call.args, call.safe, call.blocking_ms)
         return call.parse(reply), node
 
+    async def get_job_and_node(self, *queues: str | bytes, timeout: int | None = None,
+                               count: int | None = None, nohang: bool = False,
+                               with_counters: bool = False) -> tuple[list[Job], Node]:
+        """`get_job`, and the node that delivered the jobs (see `Client.get_job_and_node`)."""
+        return await self._get_job_from(queues, timeout=timeout, count=count, nohang=nohang,
+                                        with_counters=with_counters)
+
     async def ack_job(self, *ids: str | bytes, node: Node | str | None = None) -> int:
         return await self._run(calls.ack_job(*ids), node)
 

@@ -88,6 +88,20 @@ class Heartbeats:
         return True
 
 
+def stop_on_signals(on_stop: Callable[[str], None]) -> Callable[[], None]:
+    """Call `on_stop(signal name)` on SIGINT / SIGTERM (from the main thread only, as
+    Python allows); returns the function that puts the previous handlers back."""
+    def on_signal(signum: int, frame: object) -> None:
+        on_stop(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return restore
+
+
 class Consumer:
     """See the module docstring. Options: `count` (jobs per GETJOB, default 1), `poll_ms`
     (GETJOB TIMEOUT, default 1000), `max_jobs`, `working` (heartbeats on, default True),
@@ -156,19 +170,11 @@ class Consumer:
     def _install_signals(self) -> Callable[[], None]:
         if not self.handle_signals or threading.current_thread() is not threading.main_thread():
             return lambda: None
-        previous = {}
 
-        def on_signal(signum: int, frame: object) -> None:
-            log.info("consumer.stop signal=%s", signal.Signals(signum).name)
+        def on_stop(name: str) -> None:
+            log.info("consumer.stop signal=%s", name)
             self.stop.set()
-
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, on_signal)
-
-        def restore() -> None:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-        return restore
+        return stop_on_signals(on_stop)
 
     # -- workers ---------------------------------------------------------------------------
     def _reserve(self) -> int:

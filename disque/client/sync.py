@@ -324,6 +324,14 @@ class Client(ClientBase):
         reply, node = self._execute(call.args, call.safe, call.blocking_ms)
         return call.parse(reply), node
 
+    def get_job_and_node(self, *queues: str | bytes, timeout: int | None = None,
+                         count: int | None = None, nohang: bool = False,
+                         with_counters: bool = False) -> tuple[list[Job], Node]:
+        """`get_job`, and the node that delivered the jobs: where their ACKJOB, NACK and
+        WORKING belong (the client may have moved on to another node meanwhile)."""
+        return self._get_job_from(queues, timeout=timeout, count=count, nohang=nohang,
+                                  with_counters=with_counters)
+
     def ack_job(self, *ids: str | bytes, node: Node | str | None = None) -> int:
         return self._run(calls.ack_job(*ids), node)
 

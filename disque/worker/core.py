@@ -1,0 +1,273 @@
+"""The worker's decisions, without I/O: what to send for each job and when, and when to stop.
+
+`WorkerCore` is fed what happened (jobs fetched, a handler returned or raised, a command
+failed, a signal came) and answers with `Command` values (ACKJOB, NACK [DELAY], WORKING) or
+with yes/no (may this job start, may this fetcher go on). The drivers (`threads`, `aio`) only
+move those to and from `disque.client`. No sockets, no sleeps; the clock and the random
+source are injected, so every rule below is unit-tested by feeding events.
+
+Rules and their reasons:
+- Success -> ACKJOB (not FASTACK) on the node that delivered the job. ACKJOB is the spec's
+  reliable acknowledgement: the job is kept as acked until every node holding a copy has
+  confirmed, so a node that was partitioned or restarting cannot requeue it later and run it
+  twice. FASTACK only broadcasts a best-effort delete; it saves the node work, not the
+  worker (both answer at once), so the worker has no reason to give up the guarantee.
+- Failure -> NACK with a delay computed from the job's counters (GETJOB WITHCOUNTERS):
+  attempt = 1 + nacks + additional deliveries, delay = min(max_backoff, base x
+  2^(attempt-1)) x uniform(0.5, 1), rounded up to whole seconds (NACK DELAY's unit). The
+  jitter spreads the retries of jobs that failed together (an outage of what they call).
+  With base 0 the NACK carries no DELAY and the job is back at once (as with the
+  original Disque, which has no NACK DELAY). Giving up after N failures is the node's job
+  (dead-letter limits on the job), not the worker's: the worker only reports the failure.
+- A job is *held* from the GETJOB that delivered it until its ACK/NACK: the node requeues
+  it when its RETRY elapses, so held jobs get WORKING heartbeats, waiting ones of a batch
+  too. The schedule is the client's `Heartbeats` with fraction 0.5: a SHOW after
+  `first_check` seconds tells the job's RETRY and time to requeue, then WORKING at half of
+  it, and again at half of the RETRY each WORKING returns. Jobs done sooner cost nothing.
+- Stop (first SIGTERM/SIGINT): no new GETJOB, running handlers finish and are acked or
+  nacked as usual, jobs fetched but not started are NACKed without delay so that another
+  worker gets them at once. A second signal forces the exit: running jobs are left to their
+  RETRY.
+- Burst: a fetcher whose GETJOB (which waits up to the GETJOB timeout, long enough for the
+  node to import jobs from the others) returns nothing ends; the worker exits when every
+  fetcher has ended and the jobs it holds are done.
+- A command the delivering node cannot take because it is unreachable goes to any other node
+  instead: ACKJOB and WORKING always (idempotent, and any holder spreads them), NACK only if
+  nothing was sent (a resent NACK could count twice). What still fails is left to the
+  job's RETRY.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from disque.client import DisqueConnectionError, Job
+from disque.client.consumer import Heartbeats
+
+ACK = "ack"
+NACK = "nack"
+WORKING = "working"
+SHOW = "show"  # the first heartbeat step: learn the job's RETRY and time to requeue
+
+
+@dataclass(slots=True, frozen=True)
+class Command:
+    """One command for the driver to send: `kind` ACK / NACK / WORKING / SHOW for `job_id`,
+    to `node` (None: any node, the client's current one), NACK with `delay` seconds (0:
+    none). `given_back` marks the NACK of a job that was fetched but never started."""
+
+    kind: str
+    job_id: str
+    node: Any = None
+    delay: int = 0
+    given_back: bool = False
+
+
+@dataclass(slots=True)
+class WorkerStats:
+    """What the worker did; `summary()` of the core reports it on exit."""
+
+    processed: int = 0   # handlers that ran to the end, returning or raising
+    failed: int = 0      # of those, the ones that raised
+    acked: int = 0       # ACKJOBs a node took
+    nacked: int = 0      # NACKs a node took (failures, and jobs given back at stop)
+    given_back: int = 0  # fetched but not started because the worker stopped
+    working: int = 0     # WORKING heartbeats sent
+    errors: int = 0      # commands no node took (the job comes back after its RETRY)
+    fetch_errors: int = 0
+    started: float = 0.0
+    handler_seconds: float = 0.0
+    errors_seen: list[str] = field(default_factory=list)
+
+
+def attempt_of(job: Job) -> int:
+    """The delivery this is, 1 for the first: counters from GETJOB WITHCOUNTERS (best-effort,
+    as the spec says; missing counters count as 0)."""
+    return 1 + (job.nacks or 0) + (job.additional_deliveries or 0)
+
+
+def backoff_seconds(attempt: int, base: float, max_backoff: float, jitter: float) -> int:
+    """NACK delay after failed `attempt`: min(max_backoff, base x 2^(attempt-1)) scaled by
+    `jitter` (drawn from [0.5, 1]), rounded up to whole seconds; 0 when base is 0."""
+    if base <= 0:
+        return 0
+    exponent = min(max(attempt, 1) - 1, 62)  # 2^62 x base is past any max_backoff
+    return max(1, math.ceil(min(max_backoff, base * 2.0 ** exponent) * jitter))
+
+
+class WorkerCore:
+    """See the module docstring. Not thread-safe: the threaded driver calls it under a lock."""
+
+    RUNNING, STOPPING, FORCED = "running", "stopping", "forced"
+
+    def __init__(self, *, burst: bool = False, backoff_base: float = 1.0,
+                 max_backoff: float = 300.0, first_check: float = 0.2,
+                 fetch_retry_max: float = 5.0, rng: random.Random | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if backoff_base < 0 or max_backoff < 0:
+            raise ValueError("backoff values must be >= 0")
+        self.burst = burst
+        self.backoff_base = backoff_base
+        self.max_backoff = max_backoff
+        self.fetch_retry_max = fetch_retry_max
+        self.rng = rng or random.Random()
+        self.clock = clock
+        self.state = self.RUNNING
+        self.stop_reason = ""
+        self.heartbeats = Heartbeats(first_check=first_check, fraction=0.5)
+        self.held: dict[str, Job] = {}
+        self.running: dict[str, float] = {}  # job ID -> when its handler started
+        self.fetch_failures = 0
+        self.stats = WorkerStats(started=clock())
+
+    # -- stopping --------------------------------------------------------------------------
+    def stop(self, reason: str) -> bool:
+        """A stop request (signal, or the caller's). True when it forces the exit now: the
+        second request, given while the first still waits for running jobs."""
+        if self.state == self.RUNNING:
+            self.state = self.STOPPING
+            self.stop_reason = reason
+            return False
+        self.state = self.FORCED
+        self.stop_reason = f"{self.stop_reason}, then {reason}: forced"
+        return True
+
+    @property
+    def fetching(self) -> bool:
+        """Whether a fetch loop may send another GETJOB."""
+        return self.state == self.RUNNING
+
+    # -- fetching --------------------------------------------------------------------------
+    def fetched(self, jobs: list[Job], node: Any) -> bool:
+        """A GETJOB answered `jobs` (from `node`). Returns whether this fetch loop goes on
+        after handling them: False in burst mode when the queues were empty."""
+        self.fetch_failures = 0
+        now = self.clock()
+        for job in jobs:
+            self.held[job.id] = job
+            self.heartbeats.add(job.id, node, now)
+        return bool(jobs) or not self.burst
+
+    def fetch_failed(self, error: BaseException) -> float:
+        """A GETJOB failed (no node reachable, ...): seconds to wait before the next one,
+        doubling from 0.1 s up to `fetch_retry_max` while failures go on."""
+        self.stats.fetch_errors += 1
+        self.fetch_failures += 1
+        self._note(f"GETJOB: {error}")
+        return min(self.fetch_retry_max, 0.1 * 2.0 ** min(self.fetch_failures - 1, 30))
+
+    def may_start(self, job: Job) -> bool:
+        """Whether to run the handler on `job` now; if not, give it back (`given_back`)."""
+        if self.state != self.RUNNING:
+            return False
+        self.running[job.id] = self.clock()
+        return True
+
+    # -- outcomes --------------------------------------------------------------------------
+    def succeeded(self, job: Job, node: Any) -> Command:
+        self._ran(job)
+        return Command(ACK, job.id, node)
+
+    def failed(self, job: Job, node: Any) -> Command:
+        """The handler raised: NACK with the backoff of this attempt."""
+        self._ran(job)
+        self.stats.failed += 1
+        delay = backoff_seconds(attempt_of(job), self.backoff_base, self.max_backoff,
+                                self.rng.uniform(0.5, 1.0))
+        return Command(NACK, job.id, node, delay)
+
+    def given_back(self, job: Job, node: Any) -> Command:
+        """A job fetched but not started (stopping): NACK now, for another worker."""
+        return Command(NACK, job.id, node, 0, given_back=True)
+
+    def _ran(self, job: Job) -> None:
+        self.stats.processed += 1
+        started = self.running.pop(job.id, None)
+        if started is not None:
+            self.stats.handler_seconds += self.clock() - started
+
+    def sent(self, command: Command, reply: Any) -> None:
+        """A node answered `command`: ACKJOB / NACK how many jobs it knew, WORKING the
+        seconds until the job would be requeued, SHOW the job (None: unknown there)."""
+        kind = command.kind
+        if kind in (SHOW, WORKING):
+            entry = self.heartbeats.jobs.get(command.job_id)
+            if kind == WORKING:
+                self.stats.working += 1
+            if entry is not None:
+                if kind == SHOW:
+                    self.heartbeats.on_show(entry, reply, self.clock())
+                else:
+                    self.heartbeats.on_working(entry, int(reply), self.clock())
+            return
+        if kind == ACK:
+            self.stats.acked += 1
+        elif reply:
+            self.stats.nacked += 1
+        else:  # the node held no copy to put back: the job comes back by its RETRY
+            self._note(f"NACK {command.job_id}: the node did not hold it")
+        if command.given_back:
+            self.stats.given_back += 1
+        self.release(command.job_id)
+
+    def not_sent(self, command: Command, error: BaseException) -> Command | None:
+        """`command` failed with `error`: the same command for another node, or None (give
+        up: the job is left to its RETRY; a failed ACK/NACK is counted in `errors`)."""
+        if (command.node is not None and isinstance(error, DisqueConnectionError)
+                and (command.kind != NACK or error.unreachable)):
+            return Command(command.kind, command.job_id, None, command.delay,
+                           command.given_back)
+        if command.kind in (SHOW, WORKING):
+            entry = self.heartbeats.jobs.get(command.job_id)
+            if entry is not None:  # nothing to postpone any more (NOJOB, TOOLATE, ...)
+                self.heartbeats.on_working(entry, None, self.clock())
+            return None
+        self.stats.errors += 1
+        self._note(f"{command.kind.upper()} {command.job_id}: {error}")
+        if command.given_back:
+            self.stats.given_back += 1
+        self.release(command.job_id)
+        return None
+
+    def release(self, job_id: str) -> None:
+        """The job is no longer ours (acked, nacked, or given up)."""
+        self.held.pop(job_id, None)
+        self.running.pop(job_id, None)
+        self.heartbeats.remove(job_id)
+
+    # -- heartbeats ------------------------------------------------------------------------
+    def heartbeats_due(self) -> list[Command]:
+        """The SHOW (first time) or WORKING of each held job due for one now. The entry is
+        pushed back meanwhile, so that a slow answer does not make it due twice."""
+        now = self.clock()
+        out = []
+        for entry in self.heartbeats.due(now):
+            out.append(Command(WORKING if entry.checked else SHOW, entry.job_id, entry.node))
+            entry.due = now + self.heartbeats.first_check
+        return out
+
+    def next_heartbeat_in(self, idle: float = 0.5) -> float:
+        """Seconds until the next heartbeat is due (at most `idle`)."""
+        nxt = self.heartbeats.next_due()
+        return idle if nxt is None else max(0.0, min(idle, nxt - self.clock()))
+
+    # -- reporting -------------------------------------------------------------------------
+    def _note(self, text: str) -> None:
+        if len(self.stats.errors_seen) < 20:
+            self.stats.errors_seen.append(text)
+
+    def summary(self) -> dict[str, Any]:
+        s = self.stats
+        return {
+            "processed": s.processed, "succeeded": s.processed - s.failed, "failed": s.failed,
+            "acked": s.acked, "nacked": s.nacked, "given_back": s.given_back,
+            "working": s.working, "errors": s.errors, "fetch_errors": s.fetch_errors,
+            "seconds": round(self.clock() - s.started, 3),
+            "handler_seconds": round(s.handler_seconds, 3),
+            "stop": self.stop_reason or "burst: queues empty",
+        }

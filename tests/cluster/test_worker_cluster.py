@@ -1,0 +1,91 @@
+"""`disque-worker` against real 3-node clusters: jobs from every node, a worker killed -9
+mid-job (its job goes to another worker after RETRY), a node killed -9 mid-job (the worker
+acknowledges through another node and goes on). Issue 15."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster.conftest import cmd, kill_until_failed
+from tests.harness import DisqueProcess, wait_for
+from tests.integration.resp import pairs
+from tests.integration.worker_proc import Workers, stop, workers_of
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[Workers]:
+    yield from workers_of(tmp_path)
+
+
+def state(node: DisqueProcess, job_id: str) -> Any:
+    """The job's state on `node`, None when the node does not have it."""
+    shown = cmd(node, "SHOW", job_id)
+    return None if shown is None else pairs(shown)["state"]
+
+
+def done_with(nodes: list[DisqueProcess], job_id: str) -> bool:
+    """Acknowledged as far as these nodes know: acked, or already garbage-collected."""
+    return all(state(p, job_id) in (None, b"acked") for p in nodes)
+
+
+def test_worker_on_one_node_processes_jobs_added_on_every_node(cluster, workers: Workers
+                                                               ) -> None:
+    nodes = cluster(3)
+    ids = [cmd(p, "ADDJOB", "q", f"from{p.port}-{i}", "0") for p in nodes for i in range(2)]
+    w = workers.start("ok", ["q"], [nodes[0].port], "-c", "2")
+    done = workers.wait_events("done", 6)
+    assert sorted(e.job for e in done) == sorted(ids)
+    for job_id in ids:
+        wait_for(lambda job_id=job_id: done_with(nodes.nodes, job_id), what="ACK everywhere")
+    assert stop(w) == 0
+    s = w.summary()
+    assert (s["processed"], s["acked"], s["errors"]) == (6, 6, 0)
+
+
+def test_worker_killed_mid_job_leaves_the_job_to_another_worker_after_retry(
+        cluster, workers: Workers) -> None:
+    nodes = cluster(3)
+    job_id = cmd(nodes[0], "ADDJOB", "q", "body", "0", "RETRY", "2")
+    a = workers.start("slow", ["q"], [nodes[0].port], work=600)
+    (started,) = workers.wait_events("start", 1)
+    assert started.pid == a.pid and started.job == job_id
+    a.kill()  # kill -9: no ACK, no NACK, no more WORKING
+    b = workers.start("slow", ["q"], [nodes[1].port], work=0)
+    (done,) = workers.wait_events("done", 1, timeout=30)
+    assert done.pid == b.pid and done.job == job_id
+    again = [e for e in workers.events("start") if e.pid == b.pid]
+    assert len(again) == 1
+    # requeued by its RETRY timer (an additional delivery), not before RETRY elapsed
+    assert again[0].deliveries >= 1 and again[0].nacks == 0
+    assert again[0].time - started.time >= 1.8
+    wait_for(lambda: done_with(nodes.nodes, job_id), what="the job acked everywhere")
+    assert stop(b) == 0
+    assert b.summary()["acked"] == 1
+
+
+def test_node_killed_mid_job_the_worker_acks_elsewhere_and_goes_on(cluster, workers: Workers
+                                                                   ) -> None:
+    nodes = cluster(3)
+    first = cmd(nodes[0], "ADDJOB", "q", "first", "0", "RETRY", "60")
+    w = workers.start("slow", ["q"], [nodes[0].port], work=2)
+    (started,) = workers.wait_events("start", 1)
+    assert started.job == first
+    kill_until_failed(nodes, 0)  # kill -9 of the node that delivered the job
+    workers.wait_events("done", 1)
+    survivors = nodes.nodes[1:]
+    # the ACK went to a surviving copy: no node will run the job again
+    wait_for(lambda: done_with(survivors, first), what="the ACK on the survivors")
+    second = cmd(nodes[1], "ADDJOB", "q", "second", "0", "RETRY", "60", "REPLICATE", "2")
+    done = workers.wait_events("done", 2, timeout=30)
+    assert [e.job for e in done] == [first, second]
+    assert w.proc.poll() is None
+    assert stop(w) == 0
+    s = w.summary()
+    assert (s["processed"], s["acked"], s["failed"], s["errors"]) == (2, 2, 0, 0), s
+    moved = [r for r in w.logged("job.command_elsewhere") if r["command"] == "ACK"]
+    assert [r["job"] for r in moved] == [first]
+    assert moved[0]["node"] == f"127.0.0.1:{nodes[0].port}"
