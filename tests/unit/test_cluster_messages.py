@@ -28,6 +28,7 @@ from disque.cluster.messages import (
     encode_many,
     make_nonce,
 )
+from disque.jobs.deadletter import REASON_MAX_NACKS, DeadLetter
 
 NODE_A = b"a" * 40
 NODE_B = b"0123456789abcdef0123456789abcdef01234567"
@@ -373,3 +374,50 @@ def test_job_records_beyond_what_addjob_accepts_are_capped(ttl_ms: int, delay: i
 def test_job_record_integers_must_still_be_unsigned_64_bit() -> None:
     with pytest.raises(BusProtocolError, match="bad ttl"):
         FrameDecoder().feed(frame(_repljob_fields(-1, 0, 30)))
+
+
+# ---------------------------------------------------------------------------- dead-letter field
+_DL = DeadLetter(3, 2, b"dead", b"q", 600, 1, REASON_MAX_NACKS, 1_700_000_000_000)
+
+
+def _records(msg: bus.Message) -> list[bus.JobRecord]:
+    if isinstance(msg, bus.YourJobs):
+        return msg.jobs
+    return msg.items if isinstance(msg, bus.ReplJobBatch) else [msg.job]
+
+
+@pytest.mark.parametrize("dl", [None, _DL])
+def test_repljob_and_yourjobs_records_round_trip_with_and_without_a_dead_letter_field(
+        dl: DeadLetter | None) -> None:
+    h = header()
+    recs = [_record(i)._replace(dl=dl if i % 2 else None) for i in range(4)]
+    for msgs in ([bus.ReplJob(h, recs[1], False)], [bus.YourJobs(h, recs)],
+                 [bus.ReplJob(h, r, True) for r in recs]):  # (one frame: a batch)
+        (back,) = FrameDecoder().feed(encode_many(msgs))
+        got = _records(back)
+        assert got == [r for m in msgs for r in _records(m)]
+        assert [r.dl for r in got] == [r.dl for m in msgs for r in _records(m)]
+
+
+def test_a_record_without_a_policy_has_the_11_fields_of_before() -> None:
+    (payload,) = bus.YourJobs(header(), [_record(0)]).payload()
+    assert [len(r) for r in payload] == [11]
+    (payload,) = bus.YourJobs(header(), [_record(0)._replace(dl=_DL)]).payload()
+    assert [len(r) for r in payload] == [12] and payload[0][11] == _DL.to_wire()
+
+
+@pytest.mark.parametrize("field", [
+    [1, 2], b"x", [0, 0, b"", b"q", 0, 0, 0, 0], [0, 0, b"d", b"q", -1, 0, 0, 0],
+    [0, 0, b"d", b"q", 0, 1 << 40, 0, 0], [0, 0, b"d", b"q", 0, 1, 3, 0],
+    [0, 0, b"d", "q", 0, 1, 1, 0], [0, 0, b"d", b"q", 0, 1, 1, 1.5]])
+def test_a_bad_dead_letter_field_is_a_protocol_error(field: object) -> None:
+    for fields in (
+            [V, bus.REPLJOB, NODE_A, b"", 7711, 17711, 0, [[[*_rec([0]), field]], False,
+                                                           [NODE_B]]],
+            [V, bus.YOURJOBS, NODE_A, b"", 7711, 17711, 0, [[[*_rec([NODE_B]), field]]]]):
+        with pytest.raises(BusProtocolError, match="dead-letter"):
+            FrameDecoder().feed(frame(fields))
+    too_long = [*_rec([0]), _DL.to_wire(), 0]
+    with pytest.raises(BusProtocolError, match="job record"):
+        FrameDecoder().feed(frame([V, bus.REPLJOB, NODE_A, b"", 7711, 17711, 0,
+                                   [[too_long], False, [NODE_B]]]))
