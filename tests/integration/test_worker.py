@@ -3,6 +3,8 @@ running handlers from a module the test writes (see `worker_proc`). Issue 15."""
 
 from __future__ import annotations
 
+import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import DisqueProcess, free_port, wait_for
+from tests.harness import REPO, DisqueProcess, free_port, wait_for
 from tests.integration.resp import Conn, add, show
 from tests.integration.worker_proc import Workers, stop, workers_of
 
@@ -182,3 +184,26 @@ def test_usage_errors_exit_2(workers: Workers, args: list[str], text: str) -> No
                           capture_output=True, text=True, timeout=60, cwd=env_path)
     assert proc.returncode == 2, proc.stderr
     assert text in proc.stderr
+
+
+def test_console_script_help_documents_every_readme_option_and_the_exit_codes(
+        server: DisqueProcess, conn: Conn, workers: Workers) -> None:
+    """`disque-worker` is installed from pyproject's [project.scripts]; its --help names
+    every option the README's Worker section names, and the exit codes."""
+    exe = Path(sys.executable).parent / "disque-worker"
+    out = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("\n## Worker\n", 1)[1].split("\n## ", 1)[0]
+    options = set(re.findall(r"`(--[a-z-]+|-[a-z])\b", section))
+    assert {"--backoff", "--max-backoff", "--burst", "--password", "--json"} <= options
+    assert all(opt in out.stdout for opt in options), options
+    assert "exit codes:" in out.stdout and "  3  forced" in out.stdout
+    # and it runs jobs like `python -m disque.worker`
+    job_id = add(conn, "q", "x")
+    env = dict(os.environ, HLOG=str(workers.hlog), PYTHONPATH=str(workers.dir))
+    run = subprocess.run([str(exe), "handlers:ok", "-q", "q", "--burst", "--timeout", "100",
+                          "--nodes", f"127.0.0.1:{server.port}"], capture_output=True,
+                         text=True, timeout=60, env=env)
+    assert run.returncode == 0, run.stderr
+    assert [e.job for e in workers.events("done")] == [job_id]
