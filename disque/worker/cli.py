@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any
 
-from disque.client import AsyncClient, AuthError, Client, DisqueError
+from disque.client import AsyncClient, AuthError, Client, DisqueError, parse_nodes
 from disque.worker.core import WorkerCore
 from disque.worker.run import (
     EXIT_ERROR,
@@ -120,8 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)  # exits 2 on a bad command line
     configure_logging(args.log_level, args.log_format)
     try:
+        parse_nodes(args.nodes)
         handler = load_handler(args.handler)
-    except UsageError as exc:
+    except (UsageError, ValueError) as exc:  # ValueError: a malformed --nodes
         print(f"disque-worker: {exc}", file=sys.stderr)
         return EXIT_USAGE
     settings = Settings(handler_spec=args.handler, queues=tuple(args.queues), nodes=args.nodes,
@@ -135,9 +136,6 @@ def main(argv: list[str] | None = None) -> int:
             code = asyncio.run(_run_async(handler, settings, core))
         else:
             code = _run_threads(handler, settings, core)
-    except ValueError as exc:  # e.g. a malformed --nodes
-        print(f"disque-worker: {exc}", file=sys.stderr)
-        return EXIT_USAGE
     except (AuthError, DisqueError) as exc:  # at start: no node, or AUTH refused
         log.error("worker.cannot_start", nodes=settings.nodes, error=str(exc))
         return EXIT_ERROR

@@ -176,7 +176,8 @@ def test_password_is_sent_and_a_wrong_one_exits_1(server: DisqueProcess, conn: C
     (["handlers:ok"], "the following arguments are required: -q/--queue"),
     (["handlers:ok", "-q", "q", "-c", "0"], "must be >= 1"),
     (["handlers:ok", "-q", "q", "--backoff", "-1"], "must be a number of seconds"),
-    (["handlers:ok", "-q", "q", "--nodes", "h:notaport"], ""),
+    (["handlers:ok", "-q", "q", "--nodes", "h:notaport"], "bad port in node address"),
+    (["handlers:ok", "-q", "q", "--nodes", ""], "no node address given"),
 ])
 def test_usage_errors_exit_2(workers: Workers, args: list[str], text: str) -> None:
     env_path = f"{workers.dir}"
