@@ -94,6 +94,7 @@ class Config:
     activerehashing: bool = True
     hz: int = 10
     queue_idle_timeout: int = 300
+    rereplicate_rate: int = 5000  # copies/s restored for restarted nodes (cluster.rereplication)
     # failed jobs (disque.cluster.deadletters): the policy of jobs added without one
     default_max_deliveries: int = 0
     default_max_nacks: int = 0
@@ -526,6 +527,7 @@ DIRECTIVES: tuple[Directive, ...] = (
     D("proto-max-bulk-len", _Memory(1024 * 1024), settable=True),
     D("client-query-buffer-limit", _Memory(1024 * 1024), settable=True),
     D("queue-idle-timeout", _Int(1), settable=True),
+    D("rereplicate-rate", _Int(0), settable=True),
     D("default-max-deliveries", _Int(0, 65535), settable=True),
     D("default-max-nacks", _Int(0, 65535), settable=True),
     D("deadletter-queue", _QueueName(), settable=True),

@@ -28,6 +28,7 @@ from disque.cluster.deadletters import DeadLetters
 from disque.cluster.jobs import ClusterJobs, Replication
 from disque.cluster.messages import QUEUED_INCR_DELIV, QUEUED_INCR_NACKS, DelJob, Message
 from disque.cluster.nodes import ClusterNode
+from disque.cluster.rereplication import Rereplication
 from disque.jobs.deadletter import DeadLetter
 from disque.jobs.ids import IdGenerator, id_is_at_least_once, id_ttl_minutes
 from disque.jobs.job import (
@@ -127,6 +128,7 @@ class Node(ClusterJobs):
         self.membership: Any = None  # cluster.membership.Membership, set by the server
         self.out: list[tuple[bytes, Message]] = []  # bus messages to send: (node id, msg)
         self.replicating: dict[bytes, Replication] = {}  # sync ADDJOBs waiting for GOTJOB
+        self.rereplication = Rereplication(self)  # copies lost by restarted nodes, again
         self.waiting_queues: set[Queue] = set()  # queues with blocked GETJOB clients
         self.importing: set[Queue] = set()  # queues with a recent import rate
         # ADDJOB ... DEDUP <key>: queue + NUL + key -> (job id, until ms); expiry heap
@@ -944,6 +946,7 @@ class Node(ClusterJobs):
 
     def _cluster_tick(self, now: int) -> None:
         self.cluster_cron(now)
+        self.rereplication.tick(now)
         self.wheel.schedule(self._cluster_timer, now + 100)
 
     def queues_with_waiters(self) -> list[Queue]:

@@ -33,6 +33,7 @@ from disque.aof.loader import AofLoadError
 from disque.aof.manager import AofManager
 from disque.cluster.bus import Bus
 from disque.cluster.membership import Membership, new_node_id
+from disque.cluster.messages import INCARNATION_BITS
 from disque.cluster.nodes import NodesConfError, parse_nodes_conf
 from disque.commands import TABLE, Command, load_all, wrong_arity
 from disque.config import (
@@ -362,7 +363,9 @@ class Server:
             myself, cfg.port, clock=wall_ms, rng=rng, node_timeout=cfg.cluster_node_timeout,
             bus_port_offset=cfg.cluster_port_offset,
             announce_ip=cfg.cluster_announce_ip.encode() or None,
-            announce_port=cfg.cluster_announce_port or None, my_ip=bind_ip.encode())
+            announce_port=cfg.cluster_announce_port or None, my_ip=bind_ip.encode(),
+            # a new one at every start: peers re-replicate the copies we may have lost
+            incarnation=rng.getrandbits(INCARNATION_BITS) or 1)
         self.membership.load(entries)
         me = self.membership.me
         if (bind_ip and not cfg.cluster_announce_ip and len(binds) == len(cfg.bind)
@@ -375,6 +378,7 @@ class Server:
                          queue_idle_timeout=cfg.queue_idle_timeout)
         self.node.membership = self.membership
         self.node.leaving = self.membership.leaving
+        self.node.rereplication.rate = cfg.rereplicate_rate
         self.apply_deadletter_defaults()
         self.bus = Bus(self.membership, password=cfg.cluster_password,
                        save_config=self.save_nodes_conf,
@@ -455,6 +459,8 @@ class Server:
         on_set(cfg, "maxmemory", set_node("maxmemory", "maxmemory"))
         on_set(cfg, "maxmemory-policy", set_node("maxmemory_policy", "maxmemory_policy"))
         on_set(cfg, "queue-idle-timeout", set_node("queue_idle_timeout", "queue_idle_timeout"))
+        on_set(cfg, "rereplicate-rate",
+               lambda c, name: setattr(node.rereplication, "rate", c.rereplicate_rate))
         for name in ("default-max-deliveries", "default-max-nacks", "deadletter-queue",
                      "redrive-rate"):
             on_set(cfg, name, self.apply_deadletter_defaults)

@@ -192,6 +192,7 @@ class ClusterJobs:
     leaving: bool
     out: list[tuple[bytes, Message]]
     replicating: dict[bytes, Replication]
+    rereplication: Any
     jobs: Any
     _jshards: Any
     _jmask: int
@@ -430,6 +431,8 @@ class ClusterJobs:
         rep = self.replicating.get(job_id)
         job = rep.job if rep is not None else self.lookup_job(job_id)
         if job is None or job.state != WAIT_REPL:
+            if rep is None and self.rereplication.inflight:
+                self.rereplication.confirmed(sender, job_id)  # a copy made again
             return
         if sender not in job.confirmed:
             job.confirmed = job.confirmed + (sender,)

@@ -48,6 +48,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 from disque.cluster.messages import (
+    INCARNATION_SHIFT,
     TYPE_NAMES,
     BusStats,
     Fail,
@@ -154,8 +155,10 @@ class Membership:
                  rng: random.Random, node_timeout: int = DEFAULT_NODE_TIMEOUT,
                  bus_port_offset: int = BUS_PORT_OFFSET, bus_port: int | None = None,
                  announce_ip: bytes | None = None, announce_port: int | None = None,
-                 my_ip: bytes = b"") -> None:
+                 my_ip: bytes = b"", incarnation: int = 0) -> None:
         self.clock = clock
+        # announced in every header (see messages.INCARNATION_SHIFT); 0: none
+        self.incarnation = incarnation
         self.rng = rng
         self.node_timeout = node_timeout  # ms; may be changed at any time (CONFIG SET)
         self.bus_port_offset = bus_port_offset
@@ -201,7 +204,8 @@ class Membership:
 
     def _make_header(self) -> Header:
         me = self.me
-        return Header(me.id, self.announce_ip, me.port, me.bus_port, me.bits & LEAVING)
+        return Header(me.id, self.announce_ip, me.port, me.bus_port,
+                      (me.bits & LEAVING) | (self.incarnation << INCARNATION_SHIFT))
 
     # ------------------------------------------------------------------ effects
     def drain(self) -> list[Effect]:
@@ -681,6 +685,11 @@ class Membership:
         self._log("node.address", node=_sid(node.id), ip=ip.decode(), port=port)
 
     def _sender_flags(self, node: ClusterNode, flags: int) -> None:
+        incarnation = flags >> INCARNATION_SHIFT
+        if incarnation and incarnation != node.incarnation:
+            if node.incarnation:
+                self._log("node.restarted", node=_sid(node.id))
+            node.incarnation = incarnation
         if (node.bits ^ flags) & LEAVING:
             node.bits ^= LEAVING
             self._changed()

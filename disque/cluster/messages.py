@@ -8,7 +8,11 @@ A frame is a 4-byte big-endian payload length followed by one msgpack array:
 PING/PONG/MEET, `[node_id]` for FAIL, ...). Arrays led by a type tag, never string-keyed maps:
 the bus carries every replicated job. `sender_ip` is the sender's announced address or empty
 (the receiver then uses the address it sees the connection come from); `sender_flags` is the
-sender's view of its own flags (see `disque.cluster.nodes`: only LEAVING is meaningful).
+sender's view of its own flags (see `disque.cluster.nodes`: only LEAVING is meaningful) and,
+above INCARNATION_SHIFT, its incarnation: a random number drawn at every process start, so
+that a peer notices a restart even when it was quicker than the failure detection (the
+re-replication of disque.cluster.rereplication starts from it). A node that does not know it
+ignores those bits.
 
 Every message is a `__slots__` record holding a shared `Header` and its payload fields.
 Encoding is one `msgpack.packb` of the payload: the array prefix, version and type are
@@ -60,6 +64,8 @@ from disque.jobs.job import MAX_JOB_SECONDS
 
 VERSION = 2  # 2: job messages carry lists of jobs (batched frames)
 MAX_FRAME = 64 * 1024 * 1024  # default FrameDecoder limit (bytes of payload)
+INCARNATION_SHIFT = 16  # header flags: the sender's incarnation above its flag bits
+INCARNATION_BITS = 47  # (a u64 on the wire: 16 + 47 bits stay positive in any msgpack)
 
 # ---------------------------------------------------------------------------- type numbers
 PING = 0

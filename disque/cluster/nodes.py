@@ -63,7 +63,7 @@ class ClusterNode:
 
     __slots__ = ("id", "ip", "port", "bus_port", "bits", "ping_sent", "pong_received",
                  "out_link", "link_ctime", "connecting", "retry_at", "retries", "ctime",
-                 "fail_time", "fail_reports")
+                 "fail_time", "fail_reports", "incarnation")
 
     def __init__(self, node_id: bytes, ip: bytes, port: int, bus_port: int = 0,
                  bits: int = 0, ctime: int = 0) -> None:
@@ -82,6 +82,9 @@ class ClusterNode:
         self.ctime = ctime
         self.fail_time = 0
         self.fail_reports: dict[bytes, int] = {}  # reporter ID -> last report time
+        # the process incarnation its headers announce (0: not heard yet); a new value
+        # means it restarted and may have lost its jobs (disque.cluster.rereplication)
+        self.incarnation = 0
 
     @property
     def flags(self) -> list[str]:

@@ -188,7 +188,7 @@ def info_sections(server: Any) -> dict[str, list[tuple[str, Any]]]:
             ("mem_fragmentation_ratio", f"{rss / used:.2f}" if used else "0.00"),
             ("mem_allocator", "pymalloc"),
         ],
-        "Jobs": [("registered_jobs", len(node.jobs)),
+        "Jobs": [("registered_jobs", len(node.jobs)), *node.rereplication.info_fields(),
                  ("deadlettered_jobs", node.deadletters.deadlettered),
                  ("redriven_jobs", node.deadletters.redriven),
                  ("redrive_pending", node.deadletters.pending())],

@@ -130,7 +130,7 @@ class SimNetwork:
                         incarnation: int) -> Membership:
         rng = random.Random(self.seed * 1_000_003 + idx * 1009 + incarnation)
         return Membership(node_id, port, clock=self._clock, rng=rng,
-                          node_timeout=self.node_timeout)
+                          node_timeout=self.node_timeout, incarnation=incarnation + 1)
 
     def _clock(self) -> int:
         return self.now

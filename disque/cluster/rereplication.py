@@ -1,0 +1,167 @@
+"""Re-replication: the copies a restarted node lost are made again (issue 13, part 1).
+
+The original Disque keeps a job only as long as one of its REPLICATE copies survives and
+never restores a lost one, so a rolling restart without AOF wears every copy away. Here a
+node that restarts announces a new incarnation in its bus headers (a random number drawn at
+start, `messages.INCARNATION_SHIFT`; membership keeps it in `ClusterNode.incarnation`).
+Every node holding a job that lists the restarted node among its copies sends that node the
+job again (REPLJOB, as ADDJOB's replication does); the restarted node keeps a copy (active,
+re-queued by its own timer after RETRY unless another holder queues it or an ACK arrives)
+and confirms with GOTJOB. The holders' node lists stay right: the restarted node is in them
+already, and it takes the list from the REPLJOB.
+
+Every restart counts, AOF or not: with appendfsync everysec (or a damaged AOF) a reloaded
+node may still miss the copies of its last second, and a REPLJOB for a copy it reloaded
+only merges node lists. Each holder of a job sends it (not one elected holder): holders'
+views of who is alive differ during a restart, and a copy received twice costs one merge.
+
+Rules:
+- only jobs that may still be delivered are sent: state active or queued, RETRY > 0
+  (an at-most-once job must never get a second copy that could queue it again), not a
+  dummy ACK; acked jobs keep being collected by the ACK GC;
+- at most `rate` REPLJOBs per second (directive `rereplicate-rate`, 0: off), spent every
+  cluster cron (100 ms), so restoring millions of copies does not starve clients;
+- the registry is walked shard by shard with a cursor per restarted node (the registry's
+  shards never change, so no job present for the whole walk is missed); the walk of a node
+  waits while there is no bus link to it, and starts over when it restarts again;
+- a REPLJOB without a GOTJOB within CONFIRM_MS is sent again (once the node is reachable),
+  at most MAX_ATTEMPTS times (a node that refuses copies, e.g. above its memory limit, is
+  not asked forever).
+
+INFO (jobs section): `rereplication_nodes` (restarted nodes whose copies are being
+restored), `rereplication_pending` (copies sent, GOTJOB not back yet), `rereplicated_jobs`
+(copies confirmed since start).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from disque.cluster.jobs import job_record
+from disque.cluster.messages import ReplJob
+from disque.cluster.nodes import FAILING, HANDSHAKE, MYSELF, NOADDR
+from disque.jobs.job import ACTIVE, F_DUMMY, QUEUED
+
+DEFAULT_RATE = 5000  # copies per second (rereplicate-rate)
+CRON_PER_SECOND = 10  # the cluster cron runs every 100 ms
+CONFIRM_MS = 5000  # a REPLJOB unconfirmed for this long is sent again
+MAX_ATTEMPTS = 3
+
+
+class Rereplication:
+    """Held by the node (`node.rereplication`); `tick(now)` from the cluster cron,
+    `confirmed(sender, job_id)` for a GOTJOB that answers none of ADDJOB's REPLJOBs.
+
+    The node's door: `membership.nodes()`, `jobs.shard_count()` / `jobs.shard(i)`,
+    `send(node_id, msg)`, `header()`, `link_up(node_id)`, `myself`."""
+
+    __slots__ = ("node", "rate", "seen", "cursors", "inflight", "rereplicated")
+
+    def __init__(self, node: Any, rate: int = DEFAULT_RATE) -> None:
+        self.node = node
+        self.rate = rate  # copies per second; 0: re-replication off
+        self.seen: dict[bytes, int] = {}  # node ID -> incarnation last seen
+        self.cursors: dict[bytes, int] = {}  # restarted node -> next registry shard
+        # (node ID, job ID) -> (sent at ms, attempts): REPLJOBs waiting for their GOTJOB
+        self.inflight: dict[tuple[bytes, bytes], tuple[int, int]] = {}
+        self.rereplicated = 0
+
+    # ------------------------------------------------------------------ events
+    def tick(self, now: int) -> None:
+        """Notice restarts, then spend this cron's share of the rate."""
+        membership = self.node.membership
+        if membership is None:
+            return
+        for n in membership.nodes():
+            inc = n.incarnation
+            if not inc or n.bits & (MYSELF | HANDSHAKE):
+                continue
+            before = self.seen.get(n.id)
+            if before != inc:
+                self.seen[n.id] = inc
+                if before is not None:
+                    self.restarted(n.id)
+        if not self.rate or not (self.cursors or self.inflight):
+            return
+        budget = max(1, self.rate // CRON_PER_SECOND)
+        if self.inflight:
+            budget = self._resend(now, budget)
+        for target in list(self.cursors):
+            if budget <= 0:
+                break
+            budget = self._walk(target, now, budget)
+
+    def restarted(self, node_id: bytes) -> None:
+        """`node_id` came back with a new incarnation: walk the registry for its copies
+        (from the start again if a walk for it was under way)."""
+        self.cursors[node_id] = 0
+        for key in [k for k in self.inflight if k[0] == node_id]:
+            del self.inflight[key]
+
+    def confirmed(self, sender: bytes, job_id: bytes) -> None:
+        if self.inflight.pop((sender, job_id), None) is not None:
+            self.rereplicated += 1
+
+    # ------------------------------------------------------------------ internals
+    def _reachable(self, node_id: bytes) -> bool:
+        node = self.node
+        n = node.membership.get(node_id)
+        return (n is not None and not n.bits & (FAILING | NOADDR | HANDSHAKE)
+                and node.link_up(node_id))
+
+    def _wanted(self, job: Any, target: bytes) -> bool:
+        return (job.state in (ACTIVE, QUEUED) and job.retry and not job.flags & F_DUMMY
+                and target in job.delivered)
+
+    def _send(self, target: bytes, job: Any, now: int, attempts: int) -> None:
+        node = self.node
+        node.send(target, ReplJob(node.header(), job_record(job, now), False))
+        self.inflight[(target, job.id)] = (now, attempts)
+
+    def _walk(self, target: bytes, now: int, budget: int) -> int:
+        """Send the copies of the next shards for `target`; the budget left."""
+        if not self._reachable(target):
+            return budget  # wait for the link (or for its next restart)
+        jobs = self.node.jobs
+        count = jobs.shard_count()
+        cursor = self.cursors[target]
+        wanted = self._wanted
+        inflight = self.inflight
+        while cursor < count and budget > 0:
+            shard = jobs.shard(cursor)
+            cursor += 1
+            if not shard:
+                continue
+            for job in list(shard.values()):
+                if wanted(job, target) and (target, job.id) not in inflight:
+                    self._send(target, job, now, 1)
+                    budget -= 1
+        if cursor >= count:
+            del self.cursors[target]
+        else:
+            self.cursors[target] = cursor
+        return budget
+
+    def _resend(self, now: int, budget: int) -> int:
+        lookup = self.node.lookup_job
+        for key, (sent, attempts) in list(self.inflight.items()):
+            if budget <= 0:
+                break
+            if now - sent < CONFIRM_MS:
+                continue
+            target, job_id = key
+            if not self._reachable(target):
+                continue  # kept: sent again once the link is back
+            del self.inflight[key]
+            job = lookup(job_id)
+            if job is None or attempts >= MAX_ATTEMPTS or not self._wanted(job, target):
+                continue
+            self._send(target, job, now, attempts + 1)
+            budget -= 1
+        return budget
+
+    # ------------------------------------------------------------------ views
+    def info_fields(self) -> list[tuple[str, int]]:
+        return [("rereplication_nodes", len(self.cursors)),
+                ("rereplication_pending", len(self.inflight)),
+                ("rereplicated_jobs", self.rereplicated)]

@@ -1,0 +1,157 @@
+"""Re-replication (disque.cluster.rereplication), sans-I/O: a node and its Membership on a
+fake clock; a peer's restart is a PING whose header announces a new incarnation."""
+
+from __future__ import annotations
+
+import random
+
+from disque.cluster.membership import Log, Membership
+from disque.cluster.messages import INCARNATION_SHIFT, GotJob, Header, Ping, ReplJob
+from disque.cluster.nodes import ClusterNode
+from disque.cluster.rereplication import CONFIRM_MS, MAX_ATTEMPTS
+from disque.jobs.job import ACKED
+from disque.node import Node
+
+T0 = 1_700_000_000_000
+ME = b"0123abcd" + b"e" * 32
+A, B = (bytes([c]) * 40 for c in b"ab")
+IPS = {A: b"10.0.0.2", B: b"10.0.0.3"}
+
+
+class Rig:
+    def __init__(self, rate: int = 5000) -> None:
+        self.now = T0
+        rng = random.Random(1)
+        self.node = Node(ME, self.clock, rng=rng, randbytes=rng.randbytes)
+        self.m = Membership(ME, 7711, clock=self.clock, rng=random.Random(2))
+        self.m.load([ClusterNode(p, ip, 7711) for p, ip in IPS.items()])
+        self.node.membership = self.m
+        self.node.rereplication.rate = rate
+        self.link = object()
+        self.m.link_accepted(self.link, b"10.0.0.1")
+
+    def clock(self) -> int:
+        return self.now
+
+    def ping_from(self, peer: bytes, incarnation: int) -> None:
+        """A PING on an inbound link, announcing the peer's incarnation."""
+        h = Header(peer, IPS[peer], 7711, 17711, incarnation << INCARNATION_SHIFT)
+        self.m.link_message(self.link, Ping(h, []), IPS[peer])
+
+    def cron(self) -> list[tuple[bytes, object]]:
+        """The node's timers for 100 ms (one cluster cron); the messages it sent."""
+        target = self.now + 100
+        while (nd := self.node.next_due()) is not None and nd <= target:
+            self.now = max(self.now, nd)
+            self.node.tick(self.now)
+        self.now = target
+        self.node.tick(target)
+        out, self.node.out = self.node.out, []
+        return out
+
+    def copy(self, retry: int = 10, delivered: tuple[bytes, ...] = (A, B, ME)) -> bytes:
+        """A job of which this node holds a copy (added here with REPLICATE 3)."""
+        job = self.node.add_job(b"q", b"body", 0, 3 if retry else 1, 3600, retry, 0, None,
+                                True)
+        job.delivered = delivered
+        self.node.out = []
+        return job.id
+
+    def restart(self, peer: bytes) -> None:
+        self.ping_from(peer, 1)
+        self.cron()
+        self.ping_from(peer, 2)
+
+    def info(self) -> dict[str, int]:
+        return dict(self.node.rereplication.info_fields())
+
+
+def repljobs(out: list[tuple[bytes, object]]) -> list[tuple[bytes, bytes]]:
+    return [(to, msg.job.id) for to, msg in out if type(msg) is ReplJob]
+
+
+def test_membership_notes_a_peer_s_incarnation_and_logs_a_change_as_a_restart() -> None:
+    r = Rig()
+    r.ping_from(A, 7)
+    assert r.m.get(A).incarnation == 7
+    assert not [e for e in r.m.drain() if type(e) is Log and e.event == "node.restarted"]
+    r.ping_from(A, 8)
+    assert r.m.get(A).incarnation == 8
+    assert [e.fields for e in r.m.drain() if type(e) is Log and e.event == "node.restarted"]
+
+
+def test_headers_announce_the_node_s_incarnation_above_its_flags() -> None:
+    m = Membership(ME, 7711, clock=lambda: T0, rng=random.Random(1), incarnation=12345)
+    assert m.header.flags >> INCARNATION_SHIFT == 12345
+    m.set_leaving(True)
+    assert m.header.flags >> INCARNATION_SHIFT == 12345 and m.header.flags & 32
+
+
+def test_a_restarted_holder_gets_its_copies_again_and_confirms_them() -> None:
+    r = Rig()
+    jid = r.copy()
+    r.ping_from(A, 1)
+    assert repljobs(r.cron()) == []  # first heard: no restart
+    r.ping_from(A, 2)
+    out = r.cron()
+    assert repljobs(out) == [(A, jid)]
+    (msg,) = [m for _, m in out if type(m) is ReplJob]
+    assert set(msg.job.delivered) == {A, B, ME} and not msg.noreply
+    assert r.info() == {"rereplication_nodes": 0, "rereplication_pending": 1,
+                        "rereplicated_jobs": 0}
+    r.node.on_message(A, GotJob(Header(A, b"", 7711, 17711, 0), jid))
+    assert r.info() == {"rereplication_nodes": 0, "rereplication_pending": 0,
+                        "rereplicated_jobs": 1}
+    assert repljobs(r.cron()) == []
+
+
+def test_acked_at_most_once_and_unrelated_jobs_are_not_rereplicated() -> None:
+    r = Rig()
+    acked = r.copy()
+    r.node.ack_job(r.node.lookup_job(acked))
+    assert r.node.lookup_job(acked).state == ACKED
+    r.copy(retry=0)  # at-most-once: a second copy could deliver it twice
+    r.copy(delivered=(B, ME))  # A holds no copy of it
+    kept = r.copy()
+    r.node.out = []
+    r.restart(A)
+    assert repljobs(r.cron()) == [(A, kept)]
+
+
+def test_copies_are_sent_at_most_at_the_configured_rate() -> None:
+    r = Rig(rate=20)  # 2 per cluster cron
+    jids = {r.copy() for _ in range(5)}
+    r.restart(A)
+    sent = [repljobs(r.cron()) for _ in range(4)]
+    assert [len(s) for s in sent] == [2, 2, 1, 0]
+    assert {j for s in sent for _, j in s} == jids
+
+
+def test_rate_zero_turns_rereplication_off() -> None:
+    r = Rig(rate=0)
+    r.copy()
+    r.restart(A)
+    assert repljobs(r.cron()) == []
+
+
+def test_an_unconfirmed_copy_is_sent_again_a_bounded_number_of_times() -> None:
+    r = Rig()
+    jid = r.copy()
+    r.restart(A)
+    assert repljobs(r.cron()) == [(A, jid)]
+    sends = 1
+    for _ in range(MAX_ATTEMPTS * CONFIRM_MS // 100 + 20):
+        sends += len(repljobs(r.cron()))
+    assert sends == MAX_ATTEMPTS
+    assert r.info()["rereplication_pending"] == 0
+
+
+def test_a_second_restart_during_the_walk_starts_it_over() -> None:
+    r = Rig(rate=10)  # 1 per cron
+    jids = {r.copy() for _ in range(3)}
+    r.restart(A)
+    first = repljobs(r.cron())
+    r.ping_from(A, 3)  # restarted again: the copy sent before is lost too
+    rest = [repljobs(r.cron()) for _ in range(4)]
+    assert len(first) == 1
+    assert {j for s in rest for _, j in s} == jids
