@@ -1,6 +1,7 @@
 """`disque-worker` against real 3-node clusters: jobs from every node, a worker killed -9
 mid-job (its job goes to another worker after RETRY), a node killed -9 mid-job (the worker
-acknowledges through another node and goes on). Issue 15."""
+acknowledges through another node and goes on), WORKING and NACK DELAY holding on every
+copy of a job. Issue 15."""
 
 from __future__ import annotations
 
@@ -89,3 +90,36 @@ def test_node_killed_mid_job_the_worker_acks_elsewhere_and_goes_on(cluster, work
     moved = [r for r in w.logged("job.command_elsewhere") if r["command"] == "ACK"]
     assert [r["job"] for r in moved] == [first]
     assert moved[0]["node"] == f"127.0.0.1:{nodes[0].port}"
+
+
+def test_working_reaches_every_copy_so_no_other_node_redelivers_a_long_job(
+        cluster, workers: Workers) -> None:
+    # RETRY 1 with three copies: each holder would requeue the job after a second, and the
+    # worker on the other node would run it, unless WORKING reaches all of them
+    nodes = cluster(3)
+    job_id = cmd(nodes[0], "ADDJOB", "q", "long", "0", "RETRY", "1")
+    a = workers.start("slow", ["q"], [nodes[0].port], work=3.5)
+    workers.wait_events("start", 1)
+    b = workers.start("slow", ["q"], [nodes[1].port], work=0)
+    (done,) = workers.wait_events("done", 1, timeout=30)
+    assert done.pid == a.pid
+    wait_for(lambda: done_with(nodes.nodes, job_id), what="the job acked everywhere")
+    assert [e.pid for e in workers.events("start")] == [a.pid], workers.events()
+    assert stop(a) == 0 and stop(b) == 0
+    assert a.summary()["working"] >= 3 and b.summary()["processed"] == 0
+
+
+def test_nack_delay_holds_on_every_copy(cluster, workers: Workers) -> None:
+    # a NACK DELAY on the delivering node: the other holders must not requeue the job before
+    # the delay is over either (its RETRY, 2 s, is shorter than the delay, 3 s at least)
+    nodes = cluster(3)
+    job_id = cmd(nodes[0], "ADDJOB", "q", "payload", "0", "RETRY", "2")
+    w = workers.start("fail", ["q"], [nodes[0].port, nodes[1].port, nodes[2].port],
+                      "--backoff", "6", "--max-backoff", "6")
+    (first,) = workers.wait_events("fail", 1)
+    fails = workers.wait_events("fail", 2, timeout=30)
+    assert fails[1].job == job_id
+    assert (fails[1].nacks, fails[1].deliveries) == (1, 0)  # NACKed once, no RETRY requeue
+    assert fails[1].time - first.time >= 3.0  # ceil(6 x uniform(0.5, 1)) >= 3
+    assert stop(w) == 0
+    assert w.logged("job.failed")[0]["nack_delay"] >= 3
