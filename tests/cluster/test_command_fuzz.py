@@ -10,6 +10,7 @@ ADDJOB with `TTL 9223372036854775807` that never returned (test_jobs.py pins tha
 
 from __future__ import annotations
 
+import os
 import random
 from typing import Any
 
@@ -24,6 +25,8 @@ NUMBERS = ["0", "1", "2", "-1", "5", "100", "1000", "abc", "", "1.5", "-0", "360
            "9223372036854775807", "-9223372036854775808"]
 QUEUES = ["q1", "q2", "q3", "", "q\x00z"]
 BAD_IDS = ["D-00000000-AAAAAAAAAAAAAAAAAAAAAAAA-05a1", "D-bad", "x" * 40]
+# Long mode: DISQUE_FUZZ_COMMANDS=500000 (per seed); the count sent is printed.
+COMMANDS = int(os.environ.get("DISQUE_FUZZ_COMMANDS", "2500"))
 
 
 def random_command(r: random.Random, ids: list[str]) -> list[str]:
@@ -101,7 +104,7 @@ def test_random_commands_never_crash_hang_or_lose_the_aof(cluster: Any, seed: in
     r = random.Random(seed)
     ids = list(BAD_IDS)
     errors: dict[str, int] = {}
-    for _ in range(2500):
+    for _ in range(COMMANDS):
         args = random_command(r, ids)
         try:
             reply = r.choice(clients).execute_command(*args)
@@ -112,7 +115,9 @@ def test_random_commands_never_crash_hang_or_lose_the_aof(cluster: Any, seed: in
             continue
         collect_ids(args, reply, ids)
     assert all(p.alive() for p in c)
-    assert sum(errors.values()) > 500  # the fuzz reaches the error paths, not only successes
+    print(f"\nclient-port fuzz: {COMMANDS} commands, {sum(errors.values())} error replies")
+    # the fuzz reaches the error paths, not only successes
+    assert sum(errors.values()) > COMMANDS // 5
     # Jobs that cannot expire or be collected during the restart must all come back: the
     # fuzz's own (how many survive it depends on timing) and one known job per node.
     sentinels = {}
