@@ -8,7 +8,7 @@ N      ?= 3
 PYTEST_ARGS ?=
 
 .PHONY: install run test test-fast bench lint cluster cluster-stop cluster-status clean system-deps \
-        spark-zip example
+        spark-zip example chaos sim
 
 # Debian packages the tests and the benchmark use: redis-cli / redis-benchmark (redis-tools) and
 # redis-server (the "Redis as a queue" baseline of `make bench`); a Java runtime for Spark
