@@ -94,10 +94,10 @@ def test_node_killed_mid_job_the_worker_acks_elsewhere_and_goes_on(cluster, work
 
 def test_working_reaches_every_copy_so_no_other_node_redelivers_a_long_job(
         cluster, workers: Workers) -> None:
-    # RETRY 1 with three copies: each holder would requeue the job after a second, and the
+    # RETRY 2 with three copies: each holder would requeue the job after 2 s, and the
     # worker on the other node would run it, unless WORKING reaches all of them
     nodes = cluster(3)
-    job_id = cmd(nodes[0], "ADDJOB", "q", "long", "0", "RETRY", "1")
+    job_id = cmd(nodes[0], "ADDJOB", "q", "long", "0", "RETRY", "2")
     a = workers.start("slow", ["q"], [nodes[0].port], work=3.5)
     workers.wait_events("start", 1)
     b = workers.start("slow", ["q"], [nodes[1].port], work=0)
@@ -106,7 +106,7 @@ def test_working_reaches_every_copy_so_no_other_node_redelivers_a_long_job(
     wait_for(lambda: done_with(nodes.nodes, job_id), what="the job acked everywhere")
     assert [e.pid for e in workers.events("start")] == [a.pid], workers.events()
     assert stop(a) == 0 and stop(b) == 0
-    assert a.summary()["working"] >= 3 and b.summary()["processed"] == 0
+    assert a.summary()["working"] >= 2 and b.summary()["processed"] == 0
 
 
 def test_nack_delay_holds_on_every_copy(cluster, workers: Workers) -> None:
