@@ -5,13 +5,9 @@ line) both use it."""
 
 from __future__ import annotations
 
-import logging
 from typing import Any, TextIO
 
 import structlog
-
-LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
-          "error": logging.ERROR}
 
 
 def renderer_for(fmt: str) -> Any:

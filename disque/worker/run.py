@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from typing import Any
 import structlog
 
 from disque.client import Job
-from disque.logs import LEVELS, configure_structlog, renderer_for
+from disque.logs import configure_structlog, renderer_for
 from disque.worker.core import ACK, NACK, SHOW, WORKING, Command, WorkerCore, attempt_of
 
 log = structlog.get_logger("disque.worker")
@@ -152,6 +153,10 @@ def client_call(client: Any, command: Command) -> Any:
         return client.working(command.job_id, node=command.node)
     assert command.kind == SHOW
     return client.show(command.job_id, node=command.node)
+
+
+LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+          "error": logging.ERROR}
 
 
 def configure_logging(level: str, fmt: str) -> None:
