@@ -270,4 +270,5 @@ class WorkerCore:
             "seconds": round(self.clock() - s.started, 3),
             "handler_seconds": round(s.handler_seconds, 3),
             "stop": self.stop_reason or "burst: queues empty",
+            "notes": s.errors_seen[:5],  # the first commands that failed, and why
         }

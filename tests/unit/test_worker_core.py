@@ -131,7 +131,7 @@ def test_nack_the_node_did_not_hold_is_not_counted_as_nacked() -> None:
     j = running(core)
     core.sent(core.failed(j, NODE), 0)
     assert core.summary()["nacked"] == 0 and not core.held
-    assert "did not hold" in core.stats.errors_seen[0]
+    assert "did not hold" in core.summary()["notes"][0]
 
 
 # -- stopping --------------------------------------------------------------------------------
