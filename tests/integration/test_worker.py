@@ -99,10 +99,11 @@ def test_working_keeps_a_long_job_from_being_redelivered(
     assert s["working"] >= 2 and s["acked"] == 1  # at ~1.1 s, then every RETRY/2 = 1 s
 
 
+@pytest.mark.parametrize("handler", ["slow", "aslow"])
 def test_sigterm_finishes_the_running_job_and_gives_back_the_others(
-        server: DisqueProcess, conn: Conn, workers: Workers) -> None:
+        server: DisqueProcess, conn: Conn, workers: Workers, handler: str) -> None:
     ids = [add(conn, "q", f"j{i}", "RETRY", "60") for i in range(3)]
-    w = workers.start("slow", ["q"], [server.port], "--batch", "3", work=1.5)
+    w = workers.start(handler, ["q"], [server.port], "--batch", "3", work=1.5)
     (started,) = workers.wait_events("start", 1)
     w.signal(signal.SIGTERM)
     assert w.wait() == 0
@@ -121,10 +122,11 @@ def test_sigterm_finishes_the_running_job_and_gives_back_the_others(
     assert stopping["reason"] == "SIGTERM" and stopping["running"] == 1
 
 
+@pytest.mark.parametrize("handler", ["slow", "aslow"])
 def test_second_signal_forces_the_exit(server: DisqueProcess, conn: Conn,
-                                       workers: Workers) -> None:
+                                       workers: Workers, handler: str) -> None:
     job_id = add(conn, "q", "stuck", "RETRY", "60")
-    w = workers.start("slow", ["q"], [server.port], work=60)
+    w = workers.start(handler, ["q"], [server.port], work=60)
     workers.wait_events("start", 1)
     w.signal(signal.SIGINT)
     wait_for(lambda: w.logged("worker.stopping"), what="the first stop logged")
