@@ -12,7 +12,8 @@ PYTEST_ARGS ?=
 
 # Debian packages the tests and the benchmark use: redis-cli / redis-benchmark (redis-tools) and
 # redis-server (the "Redis as a queue" baseline of `make bench`); a Java runtime for Spark
-# (PySpark runs a JVM: the Spark tests, `make example`, the Spark benchmark).
+# (PySpark runs a JVM: the Spark tests, `make example`, the Spark benchmark); chromium and
+# chromedriver for the dashboard's browser test (tests/cluster/test_dashboard_browser.py).
 system-deps:
 	@if ! command -v redis-cli >/dev/null 2>&1 || ! command -v redis-server >/dev/null 2>&1; then \
 		echo "installing Debian redis-tools and redis-server"; \
@@ -23,6 +24,11 @@ system-deps:
 		echo "installing a Debian Java runtime for Spark"; \
 		SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq default-jre-headless >/dev/null; \
+	fi
+	@if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then \
+		echo "installing Debian chromium and chromium-driver for the dashboard's browser test"; \
+		SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium chromium-driver >/dev/null; \
 	fi
 
 $(STAMP): pyproject.toml

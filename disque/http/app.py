@@ -196,6 +196,7 @@ async def api_queue(request: web.Request) -> web.Response:
             jobs += [pairs(j) for j in found]
             if cursor == b"0" or len(jobs) >= limit:
                 break
+            await asyncio.sleep(0)  # RESP clients run between two JSCAN calls
     except CommandFailed as exc:
         raise _bad(str(exc)) from None
     if stat is None and not jobs:

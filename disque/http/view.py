@@ -33,7 +33,7 @@ ALLOWED = frozenset({
     b"JSCAN", b"SHOW", b"QSTAT", b"QLEN", b"QSCAN", b"INFO", b"HELLO", b"PING",
 })
 
-CENSUS_SLICE = 20_000  # jobs counted between two yields to the event loop
+CENSUS_SLICE = 5_000  # jobs counted between two yields to the event loop (~1 ms)
 # A census is reused while it is younger than CENSUS_REUSE times what it took to take (at
 # most CENSUS_MAX_AGE seconds): on a small registry every request counts afresh, on a big one
 # however many scrapers and dashboards poll, walking it costs the loop at most ~5% of its time.

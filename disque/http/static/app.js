@@ -51,7 +51,9 @@ async function api(path, body) {
   const opts = body === undefined ? {} : {
     method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
   };
-  const resp = await fetch(path, opts);
+  // location.origin, not a relative URL: opened as user:password@host the page's own
+  // URL holds credentials, and fetch() refuses URLs that do (the browser keeps the login)
+  const resp = await fetch(location.origin + path, opts);
   const data = await resp.json().catch(() => ({ error: resp.statusText }));
   if (!resp.ok) throw new Error(data.error || resp.statusText);
   return data;
@@ -74,7 +76,7 @@ function push(series, t, v) {
 function lineChart(svg, series) {
   const NS = "http://www.w3.org/2000/svg";
   const [, , W, H] = svg.getAttribute("viewBox").split(" ").map(Number);
-  const pad = { l: 48, r: 8, t: 8, b: 22 };
+  const pad = { l: 48, r: 8, t: 26, b: 22 };  // the legend goes above the plot
   while (svg.firstChild) svg.firstChild.remove();
   const all = series.flatMap((s) => s.points);
   svg.dataset.samples = String(Math.max(0, ...series.map((s) => s.points.length)));
@@ -108,12 +110,12 @@ function lineChart(svg, series) {
     pl.setAttribute("stroke", color);
     pl.dataset.series = s.name;
     svg.append(pl);
-    const lx = pad.l + 8 + i * 110;
+    const lx = pad.l + i * 110;
     const swatch = document.createElementNS(NS, "rect");
-    for (const [k, v] of Object.entries({ x: lx, y: pad.t + 2, width: 10, height: 10, fill: color }))
+    for (const [k, v] of Object.entries({ x: lx, y: 4, width: 10, height: 10, fill: color }))
       swatch.setAttribute(k, v);
     svg.append(swatch);
-    text(lx + 14, pad.t + 11, s.name.length > 14 ? s.name.slice(0, 13) + "…" : s.name);
+    text(lx + 14, 13, s.name.length > 14 ? s.name.slice(0, 13) + "…" : s.name);
   });
 }
 
@@ -196,6 +198,7 @@ async function renderQueue(name) {
     b.classList.toggle("active", b.dataset.pause === (stat.pause || "none")));
   $("#jobs-note").textContent = `(${data.jobs.length}${data.complete ? "" : "+"} shown)`;
   const now = Date.now();
+  data.jobs.sort((a, b) => a.ctime - b.ctime);  // oldest first, as the queue serves them
   $("#jobs tbody").replaceChildren(...data.jobs.map((j) => el("tr", { "data-job": j.id },
     el("td", { class: "id" }, el("a", { href: "#/job/" + encodeURIComponent(j.id), text: j.id })),
     el("td", { class: "state-" + j.state, text: j.state }),
@@ -290,7 +293,7 @@ function init() {
   }));
   document.querySelectorAll("#job-actions [data-action]").forEach((b) =>
     b.addEventListener("click", () => jobAction(b.dataset.action, route().arg)));
-  window.addEventListener("hashchange", refresh);
+  window.addEventListener("hashchange", () => { $("#message").classList.add("hidden"); refresh(); });
   refresh();
 }
 
