@@ -39,6 +39,7 @@ from disque.jobs.job import (
     F_DELIVERED,
     F_DUMMY,
     F_NACK_DELAYED,
+    F_RELOADED,
     JOB_MEMORY,
     QUEUED,
     WAIT_REPL,
@@ -146,6 +147,9 @@ class Node(ClusterJobs):
         self._queue_gc_timer = Timer(self._queue_gc)
         self.wheel.schedule(self._queue_gc_timer, clock() + QUEUE_GC_PERIOD)
         self.deadletters = DeadLetters(self)
+        # jobs reloaded from the AOF waiting for a holder to confirm them (F_RELOADED):
+        # job id -> (holders that have not said "unknown" yet, WILLQUEUE rounds so far)
+        self.reload_pending: dict[bytes, tuple[set[bytes], int]] = {}
         self.set_deadletter_defaults(0, 0, b"deadletter")
         self.redrive_rate = 1000  # jobs/s of a REDRIVE without RATE (redrive-rate)
 
@@ -297,6 +301,8 @@ class Node(ClusterJobs):
             self.replication_removed(job)
         if self.jobs.pop(job.id) is not None:
             self.mem_used -= JOB_MEMORY + len(job.body or b"")
+            if job.state == ACKED and self.persist is not None and not job.flags & F_DUMMY:
+                self.persist.deljob(job.id)  # its acked record (see ack_job) is done with
         job.awake = 0
 
     def delete_job(self, job: Job) -> None:
@@ -526,11 +532,19 @@ class Node(ClusterJobs):
         that one cannot have been queued yet, so it is queued when its delay ends.
         """
         now = self.clock()
-        if job.etime <= now or job.state not in (ACTIVE, QUEUED):
+        if job.etime <= now or job.state == WAIT_REPL:
             return False
         old = self.lookup_job(job.id)
         if old is not None:
             self.unregister(old)
+        if job.state == ACKED:
+            # An acknowledgement (see ack_job): kept so that it answers for the job, and
+            # collected by the usual GC, starting a second from now.
+            self.register(job)
+            job.awake = 0
+            job.qtime = now + 1000 + int(self._random() * 500) - 250
+            self.schedule_job(job)
+            return True
         saved_queued = job.state == QUEUED
         job.state = ACTIVE
         job.awake = 0
@@ -542,6 +556,10 @@ class Node(ClusterJobs):
         if job.retry:
             job.qtime = now + (job.delay + job.retry) * 1000 + \
                 int(self._random() * 2 * REQUEUE_JITTER) - REQUEUE_JITTER
+            if len(job.delivered) > 1 or self.myself not in job.delivered:
+                # It may have been acked and collected while we were down: ask first
+                # (see ClusterJobs.requeue_by_timer).
+                job.flags |= F_RELOADED
         elif (not job.flags & F_BCAST_QUEUED
               and job.ctime // 1_000_000 + job.delay * 1000 > now):
             # Queueing is not logged: only a delay still running at the restart proves the
@@ -709,10 +727,14 @@ class Node(ClusterJobs):
             return
         if job.state == QUEUED:
             self.dequeue(job)
-        if job.state in (ACTIVE, QUEUED) and self.persist is not None:
-            self.persist.deljob(job.id)
+        logged = job.state in (ACTIVE, QUEUED) and self.persist is not None
         job.state = ACKED
         job.gc_retry = 0
+        if logged:
+            # The acknowledgement itself goes to the AOF (a bodiless acked LOADJOB), not a
+            # DELJOB: after a restart this node still answers WILLQUEUE with SETACK, so a
+            # copy elsewhere is not queued again after its ACKJOB returned (issue 13).
+            self.persist.ackjob(job)
         # An acked job always has a GC attempt ahead (qtime, for an acked job): if the node
         # driving the collection dies before its DELJOB arrives, this copy still goes.
         job.qtime = self.clock() + 1000 + int(self._random() * 500) - 250
@@ -939,6 +961,8 @@ class Node(ClusterJobs):
                 self.will_queue(job)
         elif qtime and state == QUEUED and now >= qtime:
             job.qtime = self.requeue_time(job, now) if job.retry else 0
+            if job.dl is not None and job.dl.epoch & 1:
+                self.deadletters.still_queued(job)
         elif qtime and state == ACKED and now >= qtime:
             self.start_gc(job)
         if self.jobs.get(job.id) is job:
@@ -995,9 +1019,11 @@ class Node(ClusterJobs):
                 waiter.on_timeout()
         for job in list(self.jobs.values()):
             job.awake = 0
-            if job.state in (ACTIVE, QUEUED) and self.persist is not None:
+            if (job.state in (ACTIVE, QUEUED) or job.state == ACKED
+                    and not job.flags & F_DUMMY) and self.persist is not None:
                 self.persist.deljob(job.id)
         self.jobs.clear()
+        self.reload_pending.clear()
         self.queues.clear()
         self.waiting_queues.clear()
         self.importing.clear()

@@ -1,6 +1,8 @@
 """AOF records: RESP multibulk exactly as a client would send them (checklist section 12).
 
-Two kinds: `LOADJOB <serialized job, storage form>` and `DELJOB <job id>`. `RecordParser`
+Two kinds: `LOADJOB <serialized job, storage form>` and `DELJOB <job id>`. An acknowledged
+job is logged as a LOADJOB in state `acked` without its body (`ackjob_record`), so that a
+restarted node still knows the acknowledgement and answers for it (issue 13). `RecordParser`
 walks a buffer record by record with exact byte offsets, so a loader can tell a truncated
 tail (crash mid-write: cut and go on) from corruption in the middle (stop and say where).
 """
@@ -15,6 +17,11 @@ KNOWN_COMMANDS = (b"LOADJOB", b"DELJOB")
 
 def loadjob_record(job: Job) -> bytes:
     blob = serialize_job(job)
+    return b"*2\r\n$7\r\nLOADJOB\r\n$%d\r\n%b\r\n" % (len(blob), blob)
+
+
+def ackjob_record(job: Job) -> bytes:
+    blob = serialize_job(job, with_body=False)
     return b"*2\r\n$7\r\nLOADJOB\r\n$%d\r\n%b\r\n" % (len(blob), blob)
 
 

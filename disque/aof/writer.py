@@ -26,8 +26,8 @@ from typing import Any
 
 import structlog
 
-from disque.aof.format import deljob_record, loadjob_record
-from disque.jobs.job import ACTIVE, QUEUED, Job
+from disque.aof.format import ackjob_record, deljob_record, loadjob_record
+from disque.jobs.job import ACKED, ACTIVE, F_DUMMY, QUEUED, Job
 
 log = structlog.get_logger("disque.aof")
 
@@ -92,6 +92,9 @@ class AppendOnlyFile:
 
     def deljob(self, job_id: bytes) -> None:
         self.append(deljob_record(job_id))
+
+    def ackjob(self, job: Job) -> None:
+        self.append(ackjob_record(job))
 
     def append(self, record: bytes) -> None:
         if self.fd is not None:
@@ -208,8 +211,9 @@ class AppendOnlyFile:
 
 
 def write_snapshot(jobs: Any, fd: int, start: int, budget: int) -> tuple[int, int]:
-    """Write a LOADJOB for every active or queued job of the registry shards from `start`
-    until `budget` jobs were looked at; returns (next shard, bytes written)."""
+    """Write a LOADJOB for every active, queued or acked job (acked: without its body; not
+    dummy ACKs) of the registry shards from `start` until `budget` jobs were looked at;
+    returns (next shard, bytes written)."""
     out = bytearray()
     n = jobs.shard_count()
     i = start
@@ -218,8 +222,11 @@ def write_snapshot(jobs: Any, fd: int, start: int, budget: int) -> tuple[int, in
         shard = jobs.shard(i)
         seen += len(shard) + 1
         for job in shard.values():
-            if job.state == ACTIVE or job.state == QUEUED:
+            state = job.state
+            if state in (ACTIVE, QUEUED):
                 out += loadjob_record(job)
+            elif state == ACKED and not job.flags & F_DUMMY:
+                out += ackjob_record(job)
         i += 1
     if out:
         write_all(fd, out)

@@ -32,7 +32,9 @@ from disque.cluster.messages import (
     QUEUED_INCR_DELIV,
     QUEUED_INCR_NACKS,
     QUEUED_STATE_ONLY,
+    QUEUED_UNKNOWN,
     STATE_EPOCH_SHIFT,
+    WILLQUEUE_CONFIRM,
     DelJob,
     EnqueueJob,
     GotAck,
@@ -58,6 +60,7 @@ from disque.jobs.job import (
     F_BCAST_WILLQUEUE,
     F_DUMMY,
     F_NACK_DELAYED,
+    F_RELOADED,
     JOB_MEMORY,
     QUEUED,
     WAIT_REPL,
@@ -80,6 +83,7 @@ IMPORT_WINDOW_S = 5
 NEEDJOBS_MIN = 5
 NEEDJOBS_MAX = 100
 CLUSTER_CRON_MS = 100
+RELOAD_CONFIRM_ROUNDS = 3  # RETRY periods a reloaded copy waits for its holders' answers
 NEEDER_HOLD_MS = 1000  # how long an unanswered NEEDJOBS is remembered (see on_needjobs)
 
 NOREPL_TIMEOUT = "Timeout reached before replicating to the requested number of nodes"
@@ -405,6 +409,9 @@ class ClusterJobs:
         if known is not job:
             known.delivered = known.delivered + tuple(
                 n for n in rec.delivered if n not in known.delivered)
+            if known.flags & F_RELOADED:  # a holder sent it again: it is alive
+                known.flags &= ~F_RELOADED
+                self.reload_pending.pop(job_id, None)
             return known
         self.jobs._len += 1
         self.mem_used += JOB_MEMORY + len(job.body)
@@ -460,7 +467,24 @@ class ClusterJobs:
 
     # ------------------------------------------------------------------ re-queue
     def requeue_by_timer(self, job: Job, now: int) -> None:
-        """TIMER at qtime: queue the job again and tell the other holders (QUEUED)."""
+        """TIMER at qtime: queue the job again and tell the other holders (QUEUED).
+
+        A copy reloaded from the AOF (F_RELOADED) may be the last trace of a job that was
+        acknowledged and collected while this node was down, or just before it crashed
+        with its DELJOB not yet on disk: its WILLQUEUE asked every holder to answer. An
+        answer from one that has the job cleared the flag (it is alive: requeue); every
+        holder answering "unknown" deleted it (reload_unknown). Still flagged here means
+        some holders did not answer: wait one more RETRY, RELOAD_CONFIRM_ROUNDS times at
+        most, then requeue anyway (a job is never given up for silence)."""
+        if job.flags & F_RELOADED:
+            _, rounds = self.reload_pending.get(job.id, (None, 0))
+            if rounds + 1 < RELOAD_CONFIRM_ROUNDS:
+                self.reload_pending[job.id] = (set(), rounds + 1)
+                job.qtime = self.requeue_time(job, now)
+                job.flags &= ~F_BCAST_WILLQUEUE
+                return
+            job.flags &= ~F_RELOADED
+            self.reload_pending.pop(job.id, None)
         if job.flags & F_NACK_DELAYED:  # the end of a NACK DELAY: that NACK was counted
             job.flags &= ~F_NACK_DELAYED
             if self.enqueue(job, now):
@@ -479,39 +503,62 @@ class ClusterJobs:
 
     def will_queue(self, job: Job) -> None:
         """TIMER 500 ms before qtime: WILLQUEUE to every node that may have the job (aux:
-        its dead-letter state, see disque.cluster.deadletters)."""
+        its dead-letter state, see disque.cluster.deadletters; a copy reloaded from the AOF
+        also asks every holder to answer, see requeue_by_timer)."""
         job.flags |= F_BCAST_WILLQUEUE
-        self.send_to(job.delivered, WillQueue(self.header(), job.id, state_bits(job)))
+        aux = state_bits(job)
+        if job.flags & F_RELOADED:
+            aux |= WILLQUEUE_CONFIRM
+            others = self.others(job)
+            _, rounds = self.reload_pending.get(job.id, (None, 0))
+            self.reload_pending[job.id] = (set(others), rounds)
+        self.send_to(job.delivered, WillQueue(self.header(), job.id, aux))
 
     def on_willqueue(self, sender: bytes, msg: WillQueue) -> None:
         job = self.lookup_job(msg.job_id)
         if job is None:
+            if msg.aux & WILLQUEUE_CONFIRM:
+                self.send(sender, Queued(self.header(), msg.job_id,
+                                         QUEUED_STATE_ONLY | QUEUED_UNKNOWN))
             return
         if job.state in (ACTIVE, QUEUED) and sender not in job.delivered:
             job.delivered = job.delivered + (sender,)
         if job.state == ACKED:
             self.send(sender, SetAck(self.header(), job.id, len(job.delivered)))
             return
-        if (job.dl is not None or msg.aux) and self.deadletters.compare(sender, job, msg.aux):
+        if (job.dl is not None or msg.aux >> STATE_EPOCH_SHIFT) and \
+                self.deadletters.compare(sender, job, msg.aux):
             return  # one side was behind: the newer state went where it was missing
         if job.state == QUEUED:
             self.send_to(job.delivered, Queued(self.header(), job.id, state_bits(job)))
+        elif msg.aux & WILLQUEUE_CONFIRM:  # "I have it": the reloaded copy may requeue
+            self.send(sender, Queued(self.header(), job.id,
+                                     QUEUED_STATE_ONLY | state_bits(job)))
 
     def on_queued(self, sender: bytes, msg: Queued) -> None:
-        """ON RECV QUEUED: someone queued the job; postpone ours, drop a duplicate."""
+        """ON RECV QUEUED: someone queued the job; postpone ours, drop a duplicate. A
+        STATE_ONLY one only carries the sender's state of the job (dead letters, or the
+        answer to a reloaded copy's WILLQUEUE)."""
         job = self.lookup_job(msg.job_id)
         if job is None:
             return
+        aux = msg.aux
+        if aux & QUEUED_UNKNOWN:
+            self.reload_unknown(sender, job)
+            return
+        if job.flags & F_RELOADED:  # another holder has the job: it is alive
+            job.flags &= ~F_RELOADED
+            self.reload_pending.pop(job.id, None)
         if job.state == ACKED:
             self.send(sender, SetAck(self.header(), job.id, len(job.delivered)))
             return
-        aux = msg.aux
+        order = 0
         if job.dl is not None or aux >> STATE_EPOCH_SHIFT:
             order = self.deadletters.compare(sender, job, aux)
-            if order < 0 or aux & QUEUED_STATE_ONLY:
-                return  # a stale sender was told our state; a state-only one, adopted
-        else:
-            order = 0
+            if order < 0:
+                return  # a stale sender: it was told our state
+        if aux & QUEUED_STATE_ONLY:
+            return
         if order == 0 and job.state == QUEUED and sender_wins(sender, self.myself, job.id):
             self.dequeue(job)
         if job.retry and job.qtime:
@@ -538,6 +585,18 @@ class ClusterJobs:
             job.qtime = self.requeue_time(job, self.clock() + msg.aux * 1000)
             job.flags &= ~F_BCAST_WILLQUEUE
             self.schedule_job(job)
+
+    def reload_unknown(self, sender: bytes, job: Job) -> None:
+        """A holder asked by a reloaded copy's WILLQUEUE has no copy. When none of them has
+        one, the job was acknowledged and collected while we were away: drop ours."""
+        entry = self.reload_pending.get(job.id)
+        if entry is None or not job.flags & F_RELOADED:
+            return
+        waiting = entry[0]
+        waiting.discard(sender)
+        if not waiting:
+            self.reload_pending.pop(job.id, None)
+            self.delete_job(job)
 
     def broadcast_queued(self, job: Job, flags: int) -> None:
         if self.others(job):

@@ -611,9 +611,13 @@ QUEUED_INCR_DELIV = 2  # ...or its additional-deliveries counter
 # Dead-letter state (disque.cluster.deadletters) in the aux of QUEUED and WILLQUEUE:
 QUEUED_STATE_ONLY = 4  # the sender did not queue the job: it only tells its state
 QUEUED_RESET = 8  # a redrive that reset the counters
-STATE_REASON_SHIFT = 4  # 2 bits: why the job is dead (disque.jobs.deadletter REASON_*)
+QUEUED_UNKNOWN = 16  # (with STATE_ONLY) the answer to a WILLQUEUE_CONFIRM: job unknown here
+STATE_REASON_SHIFT = 5  # 2 bits: why the job is dead (disque.jobs.deadletter REASON_*)
 STATE_REASON_MASK = 3
-STATE_EPOCH_SHIFT = 6  # the rest: the job's dead-letter epoch (odd: dead)
+STATE_EPOCH_SHIFT = 7  # the rest: the job's dead-letter epoch (odd: dead)
+# WILLQUEUE's aux: the state bits above, and this flag from a copy reloaded from the AOF,
+# which asks every holder to answer (QUEUED STATE_ONLY, with UNKNOWN if it has no copy)
+WILLQUEUE_CONFIRM = 1
 
 
 class JobRecord(NamedTuple):

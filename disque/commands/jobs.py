@@ -468,7 +468,10 @@ def cmd_getjob(c: Any, argv: list[bytes]) -> None:
 # ---------------------------------------------------------------------------- ACK family
 @command("ackjob", -1, "write fast")
 def cmd_ackjob(c: Any, argv: list[bytes]) -> None:
-    c.out.append(integer(c.node.ackjob(job_ids(argv))))
+    node = c.node
+    c.out.append(integer(node.ackjob(job_ids(argv))))
+    if node.out:
+        c.server.ack_sent = True  # the SETACKs go before the reply (Client.process)
 
 
 @command("fastack", -1, "write fast")

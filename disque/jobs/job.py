@@ -27,6 +27,7 @@ F_BCAST_WILLQUEUE = 2  # WILLQUEUE already sent for the current requeue cycle
 F_DELIVERED = 4  # handed to a consumer at least once
 F_DUMMY = 8  # a dummy ACK: an ACKJOB for an ID this node never held
 F_NACK_DELAYED = 16  # NACK DELAY: the next timer requeue is that NACK's, not a new delivery
+F_RELOADED = 32  # read from the AOF: no requeue before another holder confirms it is alive
 
 
 class Job:

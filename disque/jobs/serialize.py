@@ -32,13 +32,15 @@ class SerializeError(ValueError):
     """A serialized job that cannot be decoded."""
 
 
-def serialize_job(job: Job, storage: bool = True, now_ms: int = 0) -> bytes:
+def serialize_job(job: Job, storage: bool = True, now_ms: int = 0,
+                  with_body: bool = True) -> bytes:
+    """`with_body=False`: an acknowledged job's record (its body is never needed again)."""
     etime_s = job.etime // 1000 if storage else max(0, (job.etime - now_ms) // 1000) + 1
     flags = job.flags & _PERSISTED_FLAGS
     if not storage:
         flags &= ~F_DELIVERED
     queue = job.queue or b""
-    body = job.body or b""
+    body = (job.body or b"") if with_body else b""
     delivered = job.delivered
     fixed = _FIXED.pack(job.id, (job.state & 0x0F) | (min(job.gc_retry, 15) << 4), flags,
                         job.repl & 0xFFFF, etime_s & 0xFFFFFFFF, job.ctime,

@@ -24,6 +24,7 @@ from disque.aof import loader as loader_mod
 from disque.aof.format import (
     AofFormatError,
     Incomplete,
+    ackjob_record,
     deljob_record,
     loadjob_record,
     parse_record,
@@ -479,14 +480,53 @@ def test_reloaded_at_most_once_job_still_delayed_is_queued_when_its_delay_ends(
     assert back is not None and back.state == ACTIVE and back.qtime == ctime_ms + 10_000
 
 
-def test_expired_and_acked_records_are_not_loaded(tmp_path: Path) -> None:
+def test_expired_and_waiting_records_are_not_loaded(tmp_path: Path) -> None:
     expired = _job(b"d", state=QUEUED, etime=T0 - 1000)
-    acked = _job(b"e", state=ACKED)
     waiting = _job(b"f", state=WAIT_REPL)
     path = tmp_path / "disque.aof"
-    path.write_bytes(b"".join(loadjob_record(j) for j in (expired, acked, waiting)))
+    path.write_bytes(b"".join(loadjob_record(j) for j in (expired, waiting)))
     ld, node = load(path)
-    assert len(node.jobs) == 0 and ld.jobs_loaded == 0 and ld.records == 3
+    assert len(node.jobs) == 0 and ld.jobs_loaded == 0 and ld.records == 2
+
+
+def test_an_acked_record_comes_back_acked_without_body_and_awaits_its_gc(tmp_path: Path) -> None:
+    # issue 13: the acknowledgement survives a restart, so this node still answers for it
+    acked = _job(b"e", state=ACKED)
+    path = tmp_path / "disque.aof"
+    path.write_bytes(ackjob_record(acked))
+    ld, node = load(path)
+    back = node.lookup_job(acked.id)
+    assert back is not None and back.state == ACKED and back.body == b""
+    assert ld.jobs_loaded == 1 and back.awake and back.qtime - T0 <= 1250
+
+
+class Recorder:
+    """The node's persistence door, recording the AOF records it would write."""
+
+    def __init__(self) -> None:
+        self.records: list[bytes] = []
+
+    def loadjob(self, job: Job) -> None:
+        self.records.append(loadjob_record(job))
+
+    def ackjob(self, job: Job) -> None:
+        self.records.append(ackjob_record(job))
+
+    def deljob(self, job_id: bytes) -> None:
+        self.records.append(deljob_record(job_id))
+
+
+def test_ack_logs_an_acked_record_and_the_end_of_its_gc_a_deljob(tmp_path: Path) -> None:
+    node = make_node()
+    node.persist = Recorder()
+    job = _job(b"g", state=ACTIVE)
+    job.delivered = (MYID, b"b" * 40)
+    node.register(job)
+    node.ack_job(job)
+    assert node.persist.records == [ackjob_record(job)]
+    assert b"body" not in node.persist.records[0]
+    node.unregister(job)
+    assert node.persist.records[-1] == deljob_record(job.id)
 
 
 def test_enqueue_jobs_once_restores_queued_jobs_in_ctime_order(tmp_path: Path) -> None:

@@ -31,6 +31,9 @@ from disque.cluster.membership import Membership
 from disque.cluster.messages import (
     QUEUED_INCR_DELIV,
     QUEUED_INCR_NACKS,
+    QUEUED_STATE_ONLY,
+    QUEUED_UNKNOWN,
+    WILLQUEUE_CONFIRM,
     DelJob,
     EnqueueJob,
     GotAck,
@@ -1534,3 +1537,69 @@ def test_a_dedup_retry_going_away_leaves_the_first_client_waiting() -> None:
     assert [e.prefix for e in first.errors] == ["NOREPL"] and not retry.errors
     assert r.node.lookup_job(job.id) is None
     assert not r.node.join_replication(job.id, AddClient())  # nothing in flight any more
+
+
+# ---------------------------------------------------------------------------- AOF reload (issue 13)
+def reloaded(r: Rig, retry: int = 10) -> Job:
+    """A copy of a job A created, read back from this node's AOF after a restart."""
+    rec = r.record(retry=retry, delivered=(A, B, ME), repl=3)
+    job = Job(rec.id, rec.queue, rec.body, 3, rec.ctime, r.now + rec.ttl_ms, 0, retry,
+              rec.delivered)
+    job.state = ACTIVE
+    assert r.node.load_job(job, False)
+    return job
+
+
+def test_a_reloaded_copy_asks_every_holder_and_is_dropped_when_none_has_it() -> None:
+    r = Rig(peers=(A, B))
+    job = reloaded(r)
+    r.advance(job.qtime - 400 - r.now)  # WILLQUEUE before the requeue, asking for answers
+    out = r.take()
+    assert targets(out, WillQueue) == [A, B]
+    assert all(m.aux & WILLQUEUE_CONFIRM for _, m in of(out, WillQueue))
+    for peer in (A, B):  # both collected it after its ACK while we were down
+        r.node.on_queued(peer, Queued(hdr(peer), job.id, QUEUED_STATE_ONLY | QUEUED_UNKNOWN))
+    assert r.node.lookup_job(job.id) is None and r.qlen() == 0
+
+
+def test_a_reloaded_copy_that_one_holder_knows_is_requeued_as_usual() -> None:
+    r = Rig(peers=(A, B))
+    job = reloaded(r)
+    r.advance(job.qtime - 400 - r.now)  # the WILLQUEUE
+    assert of(r.take(), WillQueue)
+    r.node.on_queued(A, Queued(hdr(A), job.id, QUEUED_STATE_ONLY | QUEUED_UNKNOWN))
+    r.node.on_queued(B, Queued(hdr(B), job.id, QUEUED_STATE_ONLY))  # "I have it"
+    r.advance(500)
+    assert job.state == QUEUED and r.qlen() == 1
+
+
+def test_a_reloaded_copy_nobody_answers_waits_then_is_requeued_anyway() -> None:
+    r = Rig(peers=(A, B))
+    job = reloaded(r)
+    r.advance(job.qtime + 100 - r.now)
+    assert job.state == ACTIVE and r.qlen() == 0  # one RETRY more
+    r.advance(job.qtime + 100 - r.now)
+    assert job.state == ACTIVE
+    r.advance(job.qtime + 100 - r.now)  # RELOAD_CONFIRM_ROUNDS: silence never loses a job
+    assert job.state == QUEUED
+
+
+def test_willqueue_asking_for_an_answer_gets_unknown_or_known() -> None:
+    r = Rig(peers=(A, B))
+    missing = r.record().id
+    r.node.on_willqueue(A, WillQueue(hdr(A), missing, WILLQUEUE_CONFIRM))
+    (to, msg), = r.take()
+    assert to == A and msg.aux == QUEUED_STATE_ONLY | QUEUED_UNKNOWN
+    job = r.replica(delivered=(A, ME))
+    r.node.on_willqueue(A, WillQueue(hdr(A), job.id, WILLQUEUE_CONFIRM))
+    (to, msg), = r.take()
+    assert to == A and msg.aux == QUEUED_STATE_ONLY and job.state == ACTIVE
+
+
+def test_a_state_only_queued_never_dequeues_or_postpones_our_copy() -> None:
+    r = Rig(peers=(A, B))
+    job = r.queued_replica(delivered=(A, B, ME))
+    qtime = job.qtime
+    for peer in (A, B):
+        r.node.on_queued(peer, Queued(hdr(peer), job.id, QUEUED_STATE_ONLY))
+    assert job.state == QUEUED and job.qtime == qtime
