@@ -5,7 +5,7 @@ Routes (docs/dashboard.md):
   GET  /metrics                  Prometheus text format (disque.http.metrics)
   GET  /api/node                 this node: INFO sections, jobs by state, totals
   GET  /api/cluster              every known node, with its INFO summary (peers asked over RESP)
-  GET  /api/queues               every queue: QSTAT fields and counters
+  GET  /api/queues               the busiest queues: QSTAT fields and counters
   GET  /api/queues/{name}        QSTAT, the head of the queue (QPEEK) and its jobs (JSCAN)
   GET  /api/jobs/{id}            SHOW
   POST /api/queues/{name}/pause  {"state": "in"|"out"|"all"|"none", "bcast": bool} -> PAUSE
@@ -47,6 +47,7 @@ IDLE_TIMEOUT = 10.0  # seconds: keep-alive, and the time to send a request's hea
 BODY_TIMEOUT = 5.0
 PEER_TIMEOUT = 0.5  # seconds for a peer's INFO (the cluster page)
 PEER_CACHE = 1.0  # seconds a peer's INFO is reused
+MAX_QUEUES_LISTED = 500  # the busiest queues the dashboard's table gets
 MAX_JOBS_LISTED = 200  # jobs of one queue the API lists (JSCAN, a bounded number of calls)
 
 ACTIONS = {"ack": "ACKJOB", "fastack": "FASTACK", "nack": "NACK", "enqueue": "ENQUEUE",
@@ -145,9 +146,7 @@ def _static_file(name: str) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    view = request.app[VIEW]
-    census = await view.census()
-    resp = web.Response(body=exposition(view, census))
+    resp = web.Response(body=await exposition(request.app[VIEW]))
     resp.headers["Content-Type"] = CONTENT_TYPE
     return resp
 
@@ -156,13 +155,10 @@ async def metrics(request: web.Request) -> web.Response:
 async def api_node(request: web.Request) -> web.Response:
     view = request.app[VIEW]
     census = await view.census()
-    info = view.info()
-    queues = view.queues(census.active_by_queue)
+    table = await view.queue_table(0, census.active_by_queue)
     return _json({
-        "myself": view.myself(), "info": info, "jobs": census.by_state,
-        "totals": {k: sum(q[k] for q in queues)
-                   for k in ("added", "acked", "nacked", "requeued", "jobs-in", "jobs-out")},
-        "time": time.time(),
+        "myself": view.myself(), "info": view.info(), "jobs": census.by_state,
+        "queues": table.count, "totals": table.totals, "time": time.time(),
     })
 
 
@@ -178,7 +174,8 @@ async def api_cluster(request: web.Request) -> web.Response:
 async def api_queues(request: web.Request) -> web.Response:
     view = request.app[VIEW]
     census = await view.census()
-    return _json({"queues": view.queues(census.active_by_queue)})
+    table = await view.queue_table(MAX_QUEUES_LISTED, census.active_by_queue)
+    return _json({"queues": table.queues, "count": table.count})
 
 
 async def api_queue(request: web.Request) -> web.Response:

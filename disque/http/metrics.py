@@ -12,7 +12,6 @@ taken a slice at a time by the view). Names follow the Prometheus rules: `disque
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -22,24 +21,19 @@ from prometheus_client.core import (
     Metric,
 )
 
-from disque.http.view import Census, NodeView
+from disque.http.view import Census, NodeView, QueueTable
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def busiest(queues: list[dict[str, Any]], cap: int) -> list[dict[str, Any]]:
-    """The `cap` busiest queues: longest first, then most active jobs, then most traffic."""
-    def key(q: dict[str, Any]) -> tuple[int, int, int]:
-        return (q["len"], q["active"], q["jobs-in"] + q["jobs-out"])
-    return sorted(queues, key=key, reverse=True)[:max(0, cap)]
-
-
 class DisqueCollector:
-    """Reads the node at scrape time; built per scrape with that scrape's census."""
+    """Reads the node at scrape time; built per scrape with that scrape's census and queue
+    table (both walked a slice at a time before the synchronous collection)."""
 
-    def __init__(self, view: NodeView, census: Census) -> None:
+    def __init__(self, view: NodeView, census: Census, table: QueueTable) -> None:
         self.view = view
         self.census = census
+        self.table = table
 
     def collect(self) -> Iterator[Metric]:
         yield from self._node()
@@ -115,13 +109,13 @@ class DisqueCollector:
         for state, n in census.by_state.items():
             jobs.add_metric([state], n)
         yield jobs
-        queues = self.view.queues(census.active_by_queue)
+        table = self.table
+        shown = table.queues
         yield GaugeMetricFamily("disque_queues", "Queue objects on this node.",
-                                value=len(queues))
-        shown = busiest(queues, self.view.metrics_max_queues)
+                                value=table.count)
         yield GaugeMetricFamily("disque_metrics_queues_omitted",
                                 "Queues left out of the per-queue metrics by "
-                                "metrics-max-queues.", value=len(queues) - len(shown))
+                                "metrics-max-queues.", value=table.count - len(shown))
         g = {k: GaugeMetricFamily(f"disque_queue_{k}", h, labels=["queue"]) for k, h in (
             ("length", "Jobs queued (QLEN)."),
             ("active_jobs", "Jobs of the queue delivered (or waiting to be requeued) and not "
@@ -211,8 +205,10 @@ class DisqueCollector:
                                 "is on disk).", value=aof["fsync_lag"])
 
 
-def exposition(view: NodeView, census: Census) -> bytes:
+async def exposition(view: NodeView) -> bytes:
     """One scrape: the text format of a registry holding only this node's collector."""
+    census = await view.census()
+    table = await view.queue_table(view.metrics_max_queues, census.active_by_queue)
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(DisqueCollector(view, census))
+    registry.register(DisqueCollector(view, census, table))
     return generate_latest(registry)

@@ -15,6 +15,7 @@ close the connection), so the internal client never waits on anything.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import time
 from typing import Any
 
@@ -26,6 +27,7 @@ from disque.commands.admin import info_sections, password_bytes
 from disque.commands.queues import queue_stats
 from disque.jobs.job import STATE_NAMES
 from disque.protocol.reply import NULL_ARRAY2, NULL_BULK2
+from disque.queues.queue import Queue
 
 # The commands the HTTP side may run: the dashboard's reads and its actions.
 ALLOWED = frozenset({
@@ -95,6 +97,18 @@ class Census:
         self.active_by_queue: dict[bytes, int] = {}
         self.taken_at = 0.0
         self.took = 0.0  # seconds the walk took, yields to the loop included
+
+
+class QueueTable:
+    """The busiest queues' fields, how many queues there are, totals over all of them."""
+
+    __slots__ = ("queues", "count", "totals")
+
+    def __init__(self) -> None:
+        self.queues: list[dict[str, Any]] = []
+        self.count = 0
+        self.totals = dict.fromkeys(("added", "acked", "nacked", "requeued", "jobs-in",
+                                     "jobs-out"), 0)
 
 
 class NodeView:
@@ -211,25 +225,58 @@ class NodeView:
                 for n in self._server.membership.nodes() if not n.bits & 1 and n.ip]
 
     # ------------------------------------------------------------------ queues
-    def queues(self, active: dict[bytes, int] | None = None) -> list[dict[str, Any]]:
-        """Every queue: QSTAT's fields (the function QSTAT renders) plus its counters, and
-        its active jobs from a census (`active`)."""
+    def queue_fields(self, q: Queue, active: dict[bytes, int], now: int) -> dict[str, Any]:
+        """QSTAT's fields (the function QSTAT renders) plus the queue's totals, the age of
+        its oldest job and its active jobs from a census."""
+        st = queue_stats(self._server.node, q)
+        d = {_text(st[i]): _text(st[i + 1]) for i in range(0, len(st), 2)}
+        first = q.jobs.first() if len(q.jobs) else None
+        d["oldest_age"] = (max(0, now - first.ctime // 1_000_000) / 1000
+                           if first is not None else 0.0)
+        d["added"] = q.added
+        d["acked"] = q.acked
+        d["nacked"] = q.nacked
+        d["requeued"] = q.requeued
+        d["active"] = active.get(q.name, 0)
+        return d
+
+    async def queue_table(self, cap: int, active: dict[bytes, int]) -> QueueTable:
+        """The `cap` busiest queues (longest, then most active jobs, then most traffic),
+        busiest first, and totals over every queue. The queue table is walked a slice at
+        a time like the census: a node may hold millions of queues."""
         node = self._server.node
+        table = QueueTable()
+        heap: list[tuple[int, int, int, int, Queue]] = []
+        totals = table.totals
+        seq = seen = 0
+        queues = node.queues
+        for i in range(queues.shard_count()):
+            shard = queues.shard(i)
+            if not shard:
+                continue
+            for q in list(shard.values()):
+                table.count += 1
+                totals["added"] += q.added
+                totals["acked"] += q.acked
+                totals["nacked"] += q.nacked
+                totals["requeued"] += q.requeued
+                totals["jobs-in"] += q.jobs_in
+                totals["jobs-out"] += q.jobs_out
+                if cap > 0:
+                    seq += 1  # (ties: no Queue comparison)
+                    key = (len(q.jobs), active.get(q.name, 0), q.jobs_in + q.jobs_out, seq, q)
+                    if len(heap) < cap:
+                        heapq.heappush(heap, key)
+                    elif key[:4] > heap[0][:4]:
+                        heapq.heapreplace(heap, key)
+            seen += len(shard)
+            if seen >= CENSUS_SLICE:
+                seen = 0
+                await asyncio.sleep(0)
         now = node.clock()
-        out = []
-        for q in node.queues.values():
-            st = queue_stats(node, q)
-            d = {_text(st[i]): _text(st[i + 1]) for i in range(0, len(st), 2)}
-            first = q.jobs.first() if len(q.jobs) else None
-            d["oldest_age"] = (max(0, now - first.ctime // 1_000_000) / 1000
-                               if first is not None else 0.0)
-            d["added"] = q.added
-            d["acked"] = q.acked
-            d["nacked"] = q.nacked
-            d["requeued"] = q.requeued
-            d["active"] = active.get(q.name, 0) if active else 0
-            out.append(d)
-        return out
+        table.queues = [self.queue_fields(k[4], active, now)
+                        for k in sorted(heap, key=lambda k: k[:4], reverse=True)]
+        return table
 
     async def census(self) -> Census:
         """Jobs by state, counted over the registry a slice at a time (the loop serves RESP

@@ -217,6 +217,30 @@ def test_metrics_queue_label_is_capped_busiest_first(tmp_path: Path) -> None:
         proc.kill()
 
 
+def test_many_queues_give_the_busiest_and_the_count(tmp_path: Path) -> None:
+    hp = http_port()
+    proc = DisqueProcess(tmp_path, args=["--http-port", str(hp)]).start()
+    try:
+        with Conn(proc.port) as c:
+            n = 2000
+            for i in range(0, n, 500):
+                c.pipeline([("ADDJOB", f"q{j}", "x", 0) for j in range(i, i + 500)])
+            c.pipeline([("ADDJOB", "q7", "x", 0)] * 5 + [("ADDJOB", "q9", "x", 0)] * 3)
+        listed = get_json(hp, "/api/queues")
+        assert listed["count"] == n and len(listed["queues"]) == 500
+        assert [q["name"] for q in listed["queues"][:2]] == ["q7", "q9"]
+        assert [q["len"] for q in listed["queues"]] == sorted(
+            (q["len"] for q in listed["queues"]), reverse=True)
+        node = get_json(hp, "/api/node")
+        assert node["queues"] == n and node["totals"]["added"] == n + 8
+        fams = scrape(hp)
+        assert sample(fams, "disque_queues") == n
+        assert sample(fams, "disque_metrics_queues_omitted") == n - 100
+        assert sample(fams, "disque_queue_length", queue="q7") == 6
+    finally:
+        proc.kill()
+
+
 # ---------------------------------------------------------------------------- JSON API
 def test_api_reads_node_queues_queue_and_job(hnode: DisqueProcess, q: str) -> None:
     port = hnode.http_port  # type: ignore[attr-defined]

@@ -14,6 +14,7 @@ const state = {
   rates: { added: [], acked: [] },
   depth: {},            // queue name -> [[t, len], ...]
   queues: [],
+  queueCount: 0,
   sort: { key: "len", asc: false },
   route: null,
   timer: null,
@@ -160,7 +161,8 @@ function renderQueues() {
     const c = typeof va === "string" ? va.localeCompare(vb) : va - vb;
     return asc ? c : -c;
   });
-  $("#queue-count").textContent = `(${rows.length})`;
+  $("#queue-count").textContent = rows.length < state.queueCount
+    ? `(the ${rows.length} busiest of ${state.queueCount})` : `(${rows.length})`;
   document.querySelectorAll("#queues th").forEach((th) => {
     th.classList.toggle("sorted", th.dataset.key === key);
     th.classList.toggle("asc", th.dataset.key === key && asc);
@@ -257,6 +259,7 @@ async function refresh() {
     state.prevTotals = { t, added: node.totals.added, acked: node.totals.acked };
     queueRates(queues.queues, t);
     state.queues = queues.queues;
+    state.queueCount = queues.count;
     for (const q of queues.queues) push(state.depth[q.name] || (state.depth[q.name] = []), t, q.len);
     if (r.view === "cluster") {
       renderNodes(await api("/api/cluster"));
