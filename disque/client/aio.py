@@ -340,8 +340,8 @@ class AsyncClient(ClientBase):
     async def working(self, job_id: str | bytes, node: Node | str | None = None) -> int:
         return await self._run(calls.working(job_id), node)
 
-    async def enqueue(self, *ids: str | bytes) -> int:
-        return await self._run(calls.enqueue(*ids))
+    async def enqueue(self, *ids: str | bytes, node: Node | str | None = None) -> int:
+        return await self._run(calls.enqueue(*ids), node)
 
     async def dequeue(self, *ids: str | bytes) -> int:
         return await self._run(calls.dequeue(*ids))

@@ -346,8 +346,8 @@ class Client(ClientBase):
     def working(self, job_id: str | bytes, node: Node | str | None = None) -> int:
         return self._run(calls.working(job_id), node)
 
-    def enqueue(self, *ids: str | bytes) -> int:
-        return self._run(calls.enqueue(*ids))
+    def enqueue(self, *ids: str | bytes, node: Node | str | None = None) -> int:
+        return self._run(calls.enqueue(*ids), node)
 
     def dequeue(self, *ids: str | bytes) -> int:
         return self._run(calls.dequeue(*ids))

@@ -41,8 +41,9 @@ SHOW tells its RETRY, and WORKING is sent when half of the time left before the 
 passed, then every RETRY/2 seconds.
 
 SIGTERM or SIGINT stops the worker gracefully: no new GETJOB, running handlers finish and are
-acknowledged, jobs fetched but not started are NACKed at once (for another worker), then a
-summary is logged. A second signal exits at once; running jobs come back after their RETRY.
+acknowledged, jobs fetched but not started are put back at once with ENQUEUE (for another
+worker; not NACK: they did not fail, so they do not count toward MAXNACKS), then a summary is
+logged. A second signal exits at once; running jobs come back after their RETRY.
 """
 
 EPILOG = """\

@@ -51,15 +51,16 @@ from disque.client.consumer import Heartbeats
 
 ACK = "ack"
 NACK = "nack"
+ENQUEUE = "enqueue"  # a job given back at stop: it did not fail (no nack, no backoff)
 WORKING = "working"
 SHOW = "show"  # the first heartbeat step: learn the job's RETRY and time to requeue
 
 
 @dataclass(slots=True, frozen=True)
 class Command:
-    """One command for the driver to send: `kind` ACK / NACK / WORKING / SHOW for `job_id`,
-    to `node` (None: any node, the client's current one), NACK with `delay` seconds (0:
-    none). `given_back` marks the NACK of a job that was fetched but never started."""
+    """One command for the driver to send: `kind` ACK / NACK / ENQUEUE / WORKING / SHOW for
+    `job_id`, to `node` (None: any node, the client's current one), NACK with `delay`
+    seconds (0: none). `given_back` marks the ENQUEUE of a job fetched but never started."""
 
     kind: str
     job_id: str
@@ -75,7 +76,7 @@ class WorkerStats:
     processed: int = 0   # handlers that ran to the end, returning or raising
     failed: int = 0      # of those, the ones that raised
     acked: int = 0       # ACKJOBs a node took
-    nacked: int = 0      # NACKs a node took (failures, and jobs given back at stop)
+    nacked: int = 0      # NACKs a node took (failures)
     given_back: int = 0  # fetched but not started because the worker stopped
     working: int = 0     # WORKING heartbeats sent
     errors: int = 0      # commands no node took (the job comes back after its RETRY)
@@ -182,8 +183,11 @@ class WorkerCore:
         return Command(NACK, job.id, node, delay)
 
     def given_back(self, job: Job, node: Any) -> Command:
-        """A job fetched but not started (stopping): NACK now, for another worker."""
-        return Command(NACK, job.id, node, 0, given_back=True)
+        """A job fetched but not started (stopping): ENQUEUE now, for another worker. Not a
+        NACK: it did not fail, so it must not count toward MAXNACKS (a worker restart would
+        otherwise send jobs to their dead-letter queue); like any redelivery it counts as
+        an additional delivery."""
+        return Command(ENQUEUE, job.id, node, 0, given_back=True)
 
     def _ran(self, job: Job) -> None:
         self.stats.processed += 1
@@ -207,10 +211,10 @@ class WorkerCore:
             return
         if kind == ACK:
             self.stats.acked += 1
-        elif reply:
+        elif not reply:  # the node held no copy to put back: the job comes back by its RETRY
+            self._note(f"{kind.upper()} {command.job_id}: the node did not hold it")
+        elif kind == NACK:
             self.stats.nacked += 1
-        else:  # the node held no copy to put back: the job comes back by its RETRY
-            self._note(f"NACK {command.job_id}: the node did not hold it")
         if command.given_back:
             self.stats.given_back += 1
         self.release(command.job_id)

@@ -17,7 +17,16 @@ import structlog
 
 from disque.client import Job
 from disque.logs import configure_structlog, renderer_for
-from disque.worker.core import ACK, NACK, SHOW, WORKING, Command, WorkerCore, attempt_of
+from disque.worker.core import (
+    ACK,
+    ENQUEUE,
+    NACK,
+    SHOW,
+    WORKING,
+    Command,
+    WorkerCore,
+    attempt_of,
+)
 
 log = structlog.get_logger("disque.worker")
 
@@ -149,6 +158,8 @@ def client_call(client: Any, command: Command) -> Any:
         return client.ack_job(command.job_id, node=command.node)
     if command.kind == NACK:
         return client.nack(command.job_id, delay=command.delay or None, node=command.node)
+    if command.kind == ENQUEUE:
+        return client.enqueue(command.job_id, node=command.node)
     if command.kind == WORKING:
         return client.working(command.job_id, node=command.node)
     assert command.kind == SHOW
