@@ -164,7 +164,9 @@ def test_info_ping_and_raw_commands(client: Client):
     info = client.info()
     assert "disque_version" in info and isinstance(info["tcp_port"], int)
     assert set(client.info("jobs")) == {"registered_jobs", "deadlettered_jobs",
-                                        "redriven_jobs", "redrive_pending"}
+                                        "redriven_jobs", "redrive_pending",
+                                        "rereplication_nodes", "rereplication_pending",
+                                        "rereplicated_jobs"}
     assert client.ping() == "PONG"
     assert client.execute_command("ECHO", "hi") == b"hi"
     with pytest.raises(DisqueError) as exc:
