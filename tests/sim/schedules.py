@@ -11,9 +11,13 @@ everything heals and the invariants are checked:
 - (after every event) a job is queued iff it is in its queue.
 
 Crashes are rolling: up to `crashes` per schedule, one node down at a time, each restarted
-2 s later (with `aof`, reloading its jobs; without, empty), and the next crash no sooner
-than REREPLICATION_GAP after the previous restart: the time a restarted node needs to get
-its copies back. With REPLICATE >= 2 at least one copy of every job survives each crash.
+2 s later (with `aof`, reloading its jobs; without, empty), and the next crash only after
+REREPLICATION_GAP with every node up, none paused or leaving and no partition (a crash that
+comes earlier in the schedule heals, resumes, ends LEAVING and waits first): the time a
+restarted node needs to get its copies back (issue 13's condition; a holder that cannot
+reach the restarted node cannot send it anything, a leaving node accepts no copy, and a
+paused node counts as down). With REPLICATE >= 2 at least
+one copy of every job then survives each crash.
 
     python -m tests.sim.schedules --seeds 1000 [--start 0] [--crashes 3]
     python -m tests.sim.schedules --seed 1234          # one seed, verbose: a reproduction
@@ -49,13 +53,16 @@ def formed(n: int = 3, seed: int = 0, **kw: object) -> SimCluster:
 
 def run_schedule(seed: int, schedule: list[Any], delay: tuple[int, int], consumers: list[int],
                  process: tuple[int, int], drop: float, nack_rate: float, crashes: int = 1,
-                 aof: bool = False) -> None:
+                 aof: bool = False, backlog: bool = False) -> None:
     """One schedule: `schedule` is a list of (gap ms, fault, [(node, repl), ...]); a fault
     is ("partition", sides), ("heal",), ("pause", i), ("resume", i), ("crash", i),
-    ("leaving", i, flag) or ("none",). AssertionError names the violated invariant."""
+    ("leaving", i, flag) or ("none",). With `backlog` the consumers start only after the
+    faults: every job has to survive all of them. AssertionError names the violated
+    invariant."""
     net = formed(N, seed=seed, delay=delay)
     net.drop = drop  # connections break now and then (after the mesh formed)
-    workers = [net.worker(i, process_ms=process, nack_rate=nack_rate) for i in consumers]
+    workers = [] if backlog else [net.worker(i, process_ms=process, nack_rate=nack_rate)
+                                  for i in consumers]
     adds = []
     retry: dict[int, int] = {}
 
@@ -75,31 +82,52 @@ def run_schedule(seed: int, schedule: list[Any], delay: tuple[int, int], consume
     for k in range(8):  # some jobs before any fault
         add(k % N, (2, 3, 0)[k % 3])
     crashed = 0
-    next_crash_at = 0
+    restarted_at = 0  # when the last crashed node starts again
+    partitioned = False
+    clean_since: int | None = net.now  # since when every node is up and connected
     for gap, op, jobs in schedule:
         net.run_for(gap)
+        if partitioned or any(sn.state != "up" or sn.membership.leaving for sn in net.nodes):
+            clean_since = None
+        elif clean_since is None:
+            clean_since = net.now
         kind = op[0]
         if kind == "partition":
             sides = op[1]
             net.partition(*[[i for i in range(N) if sides[i] == s] for s in (0, 1)])
+            partitioned = 0 < sum(sides) < N
         elif kind == "heal":
             net.heal()
+            partitioned = False
         elif kind == "pause":
             net.pause(op[1])
         elif kind == "resume":
             net.resume(op[1])
         elif kind == "leaving" and net.nodes[op[1]].state == "up":
             net.run_on(op[1], lambda n, flag=op[2]: n.set_leaving(flag))
-        elif (kind == "crash" and crashed < crashes and net.now >= next_crash_at
-              and all(sn.state != "down" for sn in net.nodes)):
+        elif kind == "crash" and crashed < crashes:
+            if clean_since is None or net.now - clean_since < REREPLICATION_GAP:
+                # The crash waits for its precondition: the previous restart done, then
+                # REREPLICATION_GAP with every node up (none paused) and no partition.
+                net.heal()
+                partitioned = False
+                for i in range(N):
+                    net.resume(i)
+                net.run_until(max(net.now, restarted_at))
+                for i in range(N):  # a leaving node accepts no copy
+                    net.run_on(i, lambda n: n.set_leaving(False))
+                net.run_for(REREPLICATION_GAP)
             crashed += 1
             net.crash(op[1])
-            net.schedule(net.now + RESTART_AFTER, net.restart, op[1], aof)
-            next_crash_at = net.now + RESTART_AFTER + REREPLICATION_GAP
+            restarted_at = net.now + RESTART_AFTER
+            net.schedule(restarted_at, net.restart, op[1], aof)
+            clean_since = None
         for i, repl in jobs:
             add(i, repl)
     net.heal()
     net.drop = 0.0
+    if backlog:
+        workers = [net.worker(i, process_ms=process, nack_rate=nack_rate) for i in consumers]
     for i in range(N):
         net.resume(i)
         net.restart(i, aof)
@@ -145,7 +173,7 @@ def random_params(seed: int, crashes: int) -> dict[str, Any]:
             "consumers": rng.sample(range(N), rng.randint(1, N)),
             "process": rng.choice([(5, 100), (300, 4000)]),
             "drop": rng.choice([0.0, 0.01]), "nack_rate": rng.choice([0.0, 0.3]),
-            "crashes": crashes, "aof": rng.random() < 0.5}
+            "crashes": crashes, "aof": rng.random() < 0.5, "backlog": rng.random() < 0.5}
 
 
 def main(argv: list[str] | None = None) -> int:
