@@ -20,6 +20,9 @@ exchange doubles as the dead-letter exchange:
   state (the sender adopts it; STATE_ONLY means "I did not queue it": no tie-break);
 - equal epochs follow the ordinary rules: two nodes that dead-lettered the same job at the
   same moment both queued it in the dead-letter queue, and the QUEUED tie-break leaves one.
+- a dead job queued here asks its other holders again with a WILLQUEUE every RETRY
+  (`still_queued`): nobody need consume a dead-letter queue, and without a consumer two
+  queued copies would never exchange a message.
 
 Guarantees (best effort, as the spec's counters): once the holders have exchanged a message
 about the job, it is live in one queue only. During a partition, a holder cut off from the
@@ -41,6 +44,7 @@ from disque.cluster.messages import (
     STATE_REASON_MASK,
     STATE_REASON_SHIFT,
     Queued,
+    WillQueue,
 )
 from disque.jobs.deadletter import MAX_EPOCH, REASON_NONE
 from disque.jobs.job import ACTIVE, F_BCAST_WILLQUEUE, F_NACK_DELAYED, QUEUED, Job
@@ -138,12 +142,29 @@ class DeadLetters:
             node.persist.loadjob(job)
 
     # ------------------------------------------------------------------ the exchange
+    def still_queued(self, job: Job) -> None:
+        """A dead job queued here reached its requeue time: ask the other holders again, a
+        WILLQUEUE with its state. Nobody need consume a dead-letter queue, so without this
+        the copies both sides of a partition dead-lettered would stay queued on both after
+        it healed, and a holder that missed the dead-lettering (or a redrive) would not hear
+        of it. A holder with the job queued answers QUEUED, so the tie-break reaches the
+        loser whichever of them asks; one with another epoch adopts or answers it (compare).
+        A WILLQUEUE, not a QUEUED: a QUEUED would push the winner's own timer every time a
+        loser spoke, and the winner might never speak. Jobs with one holder send nothing."""
+        node = self.node
+        if node.membership is not None and node.others(job):
+            node.send_to(job.delivered, WillQueue(node.header(), job.id, state_bits(job)))
+
     def compare(self, sender: bytes, job: Job, aux: int) -> int:
         """A QUEUED / WILLQUEUE from `sender` carried its state of the job: 1 if it was
         newer (adopted), -1 if older (the sender was told ours), 0 if the same."""
         epoch = aux >> STATE_EPOCH_SHIFT
         dl = job.dl
         mine = dl.epoch if dl is not None else 0
+        if sender not in job.delivered:
+            # it has a copy: our own QUEUED must reach it too, or a duplicate queued there
+            # would never hear the tie-break it loses (see still_queued)
+            job.delivered = job.delivered + (sender,)
         if epoch > mine and dl is not None:
             self.adopt(job, epoch, (aux >> STATE_REASON_SHIFT) & STATE_REASON_MASK,
                        bool(aux & QUEUED_RESET))

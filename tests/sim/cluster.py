@@ -38,6 +38,7 @@ from disque.cluster.jobs import ReplWaiter, job_from_record, job_record
 from disque.cluster.membership import TICK_MS
 from disque.cluster.messages import JOB_TYPES, Message
 from disque.cluster.nodes import HANDSHAKE
+from disque.jobs.deadletter import DeadLetter
 from disque.jobs.job import ACTIVE, QUEUED, WAIT_REPL, Job
 from disque.node import Node, Waiter
 from disque.protocol.errors import CommandError
@@ -75,11 +76,12 @@ class Worker(Waiter):
     """A consumer on node `idx`: GETJOB (blocking) in a loop, ACKJOB after `process_ms`."""
 
     __slots__ = ("net", "idx", "queue", "process_ms", "ack", "node_obj", "got", "stopped",
-                 "poll_ms", "nack_rate")
+                 "poll_ms", "nack_rate", "nack_if", "nack_delay")
 
     def __init__(self, net: SimCluster, idx: int, queue: bytes, *,
                  process_ms: tuple[int, int] = (5, 50), ack: bool = True,
-                 poll_ms: int = 500, nack_rate: float = 0.0) -> None:
+                 poll_ms: int = 500, nack_rate: float = 0.0,
+                 nack_if: Callable[[Job], bool] | None = None, nack_delay: int = 0) -> None:
         super().__init__([queue], 1, False)
         self.net = net
         self.idx = idx
@@ -91,6 +93,8 @@ class Worker(Waiter):
         self.stopped = False
         self.poll_ms = poll_ms
         self.nack_rate = nack_rate  # share of at-least-once deliveries given back (NACK)
+        self.nack_if = nack_if  # ...or the jobs this says fail (a poison job), always
+        self.nack_delay = nack_delay  # NACK ... DELAY seconds
 
     def start(self) -> Worker:
         self.net.schedule(self.net.now, self._poll)
@@ -139,9 +143,10 @@ class Worker(Waiter):
             self.got.append((net.now, job.id))
             net.deliveries[job.id].append((net.now, self.idx))
             lo, hi = self.process_ms
-            if job.retry and self.nack_rate and net.rng.random() < self.nack_rate:
+            if job.retry and (self.nack_if(job) if self.nack_if is not None else
+                              self.nack_rate and net.rng.random() < self.nack_rate):
                 net.schedule(net.now + net.rng.randint(lo, hi), net.client_nack, self.idx,
-                             job.id)
+                             job.id, self.nack_delay)
             elif self.ack:
                 net.schedule(net.now + net.rng.randint(lo, hi), net.client_ack, self.idx,
                              job.id)
@@ -334,15 +339,17 @@ class SimCluster(SimNetwork):
     # ------------------------------------------------------------------ clients
     def addjob(self, i: int, queue: bytes = b"q", body: bytes = b"body", *,
                timeout: int = 5000, replicate: int | None = None, ttl: int | None = None,
-               retry: int | None = None, delay: int = 0, async_: bool = False) -> AddResult:
-        """ADDJOB on node i; the result is answered now or later (sync replication)."""
+               retry: int | None = None, delay: int = 0, async_: bool = False,
+               dl: DeadLetter | None = None) -> AddResult:
+        """ADDJOB on node i; the result is answered now or later (sync replication).
+        `dl`: the job's dead-letter policy (ADDJOB MAXNACKS / MAXDELIVERIES / DEADLETTER)."""
         res = AddResult(self, i)
         self.queue_names.add(queue)
 
         def add(node: Node) -> None:
             try:
                 job = node.add_job(queue, body, timeout, replicate, ttl, retry, delay, None,
-                                   async_)
+                                   async_, dl)
             except CommandError as e:
                 res.on_error(e)
                 return
@@ -378,14 +385,14 @@ class SimCluster(SimNetwork):
                 return
         self.schedule(self.now + 100, self.client_ack, i, job_id)
 
-    def client_nack(self, i: int, job_id: bytes) -> None:
-        """NACK from a client of node i (lost if the node crashed: the job's RETRY then
-        brings it back)."""
+    def client_nack(self, i: int, job_id: bytes, delay: int = 0) -> None:
+        """NACK [DELAY delay] from a client of node i (lost if the node crashed: the job's
+        RETRY then brings it back)."""
         state = self.nodes[i].state
         if state == "paused":
-            self.schedule(self.now + 100, self.client_nack, i, job_id)
+            self.schedule(self.now + 100, self.client_nack, i, job_id, delay)
         elif state == "up":
-            self.run_on(i, lambda node: node.enqueue_jobs([job_id], nack=True))
+            self.run_on(i, lambda node: node.nack_jobs([job_id], delay))
 
     def worker(self, i: int, queue: bytes = b"q", **kw: Any) -> Worker:
         self.queue_names.add(queue)

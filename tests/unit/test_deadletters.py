@@ -282,6 +282,33 @@ def test_two_holders_dead_lettering_at_once_keep_one_queued_copy_by_the_tie_brea
     assert (job.state, job.queue) == (ACTIVE, DEAD) and r.qlen(DEAD) == 0
 
 
+def test_a_dead_job_queued_here_asks_its_holders_again_at_each_requeue_time() -> None:
+    """Nobody need consume a dead-letter queue: without a consumer, copies both sides of a
+    partition dead-lettered would stay queued on both. At each requeue time the queued dead
+    copy sends WILLQUEUE with its state, so a queued holder answers QUEUED (tie-break)."""
+    r = Rig(peers=(A, B))
+    job = dead_here(r, retry=5, delivered=(A, B, r.node.myself))
+    for _ in range(2):
+        r.advance(job.qtime - r.now + RES)
+        assert job.state == QUEUED
+        out = r.take()
+        assert targets(out, WillQueue) == [A, B] and len(out) == 2
+        assert all(m.aux == bits(1, REASON_MAX_NACKS) for _, m in out)
+    # an alive job queued here stays silent, as in the original
+    alive = replica(r, policy(max_nacks=5), queued=True, retry=5)
+    r.advance(alive.qtime - r.now + RES)
+    assert [m for _, m in r.take() if m.job_id == alive.id] == []
+
+
+def test_a_holder_telling_its_state_is_added_to_the_job_s_holders() -> None:
+    """A QUEUED from a node the job's list lacks (a copy sent by NEEDJOBS, re-replicated):
+    our own WILLQUEUE / QUEUED must reach it too, or its duplicate never learns it lost."""
+    r = Rig(peers=(A, B))
+    job = dead_here(r, retry=5, delivered=(A, r.node.myself))
+    r.node.on_queued(B, Queued(hdr(B), job.id, bits(1, REASON_MAX_NACKS)))
+    assert B in job.delivered
+
+
 def test_a_job_without_a_policy_ignores_a_state_it_cannot_adopt() -> None:
     r = Rig(peers=(A, B))
     job = r.queued_replica()
