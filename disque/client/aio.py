@@ -239,11 +239,17 @@ class AsyncClient(ClientBase):
                       retry: int | None = None, ttl: int | None = None,
                       maxlen: int | None = None, async_: bool = False,
                       dedup: str | bytes | None = None,
-                      allow_retry: bool | None = None) -> str:
+                      allow_retry: bool | None = None, max_deliveries: int | None = None,
+                      max_nacks: int | None = None, deadletter: str | bytes | None = None,
+                      deadttl: int | None = None) -> str:
+        """See `Client.add_job`."""
         return await self._run(calls.add_job(queue, body, timeout_ms, replicate=replicate,
                                              delay=delay, retry=retry, ttl=ttl, maxlen=maxlen,
                                              async_=async_, dedup=dedup,
-                                             allow_retry=allow_retry))
+                                             allow_retry=allow_retry,
+                                             max_deliveries=max_deliveries,
+                                             max_nacks=max_nacks, deadletter=deadletter,
+                                             deadttl=deadttl))
 
     async def add_jobs(self, queue: str | bytes, bodies: Sequence[str | bytes],
                        timeout_ms: int = 5000, *, replicate: int | None = None,
@@ -251,12 +257,16 @@ class AsyncClient(ClientBase):
                        ttl: int | None = None, maxlen: int | None = None,
                        async_: bool = False, dedup_keys: Sequence[str | bytes] | None = None,
                        allow_retry: bool | None = None, batch_size: int = 1000,
-                       node: Node | str | None = None) -> AddJobsResult:
+                       node: Node | str | None = None, max_deliveries: int | None = None,
+                       max_nacks: int | None = None, deadletter: str | bytes | None = None,
+                       deadttl: int | None = None) -> AddJobsResult:
         """See `Client.add_jobs`: ADDJOBS per batch, pipelined ADDJOBs without it."""
         batch = AddJobsBatch(queue, bodies, timeout_ms, replicate=replicate, delay=delay,
                              retry=retry, ttl=ttl, maxlen=maxlen, async_=async_,
                              dedup_keys=dedup_keys, allow_retry=allow_retry,
-                             batch_size=batch_size, support=self.addjobs_support)
+                             batch_size=batch_size, support=self.addjobs_support,
+                             max_deliveries=max_deliveries, max_nacks=max_nacks,
+                             deadletter=deadletter, deadttl=deadttl)
         pinned = self.resolve(node)
         for todo in batch.chunks():
             await self._send_batch(batch, todo, pinned)
@@ -299,11 +309,17 @@ class AsyncClient(ClientBase):
                              async_: bool = False,
                              dedup_keys: Sequence[str | bytes] | None = None,
                              allow_retry: bool | None = None,
-                             node: Node | str | None = None) -> list[str | DisqueError]:
+                             node: Node | str | None = None,
+                             max_deliveries: int | None = None, max_nacks: int | None = None,
+                             deadletter: str | bytes | None = None, deadttl: int | None = None
+                             ) -> list[str | DisqueError]:
         """See `Client.add_jobs_batch`: one ADDJOBS, an ID or an error per body."""
         return await self._run(calls.add_jobs_batch(queue, bodies, timeout_ms,
                                                     replicate=replicate, delay=delay,
                                                     retry=retry, ttl=ttl, maxlen=maxlen,
+                                                    max_deliveries=max_deliveries,
+                                                    max_nacks=max_nacks,
+                                                    deadletter=deadletter, deadttl=deadttl,
                                                     async_=async_, dedup_keys=dedup_keys,
                                                     allow_retry=allow_retry), node)
 
@@ -352,6 +368,13 @@ class AsyncClient(ClientBase):
     async def show(self, job_id: str | bytes, node: Node | str | None = None
                    ) -> dict[str, Any] | None:
         return await self._run(calls.show(job_id), node)
+
+    async def redrive(self, queue: str | bytes, count: int | None = None,
+                      rate: int | None = None, reset: bool = False,
+                      ids: Sequence[str | bytes] | None = None,
+                      node: Node | str | None = None) -> int:
+        """See `Client.redrive`: the dead-letter queue of the current node (or `node`)."""
+        return await self._run(calls.redrive(queue, count, rate, reset, ids), node)
 
     # -- queues --------------------------------------------------------------------------------
     async def qlen(self, queue: str | bytes) -> int:

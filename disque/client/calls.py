@@ -53,8 +53,14 @@ def _ms(name: str, value: int | float) -> int:
 
 
 def _addjob_options(replicate: int | None, delay: int | None, retry: int | None,
-                    ttl: int | None, maxlen: int | None, async_: bool) -> list[Any]:
-    """The options ADDJOB and ADDJOBS share, only those given (TTL/RETRY/DELAY in seconds)."""
+                    ttl: int | None, maxlen: int | None, async_: bool,
+                    max_deliveries: int | None = None, max_nacks: int | None = None,
+                    deadletter: str | bytes | None = None,
+                    deadttl: int | None = None) -> list[Any]:
+    """The options ADDJOB and ADDJOBS share, only those given (TTL/RETRY/DELAY/DEADTTL in
+    seconds). The dead-letter policy (disque-py only, docs/commands.md "Failed jobs"):
+    `max_deliveries` / `max_nacks` limits (0: none) and the `deadletter` queue a job over
+    one goes to; `deadttl`, how long a dead job lives at least."""
     args: list[Any] = []
     if replicate is not None:
         args += ["REPLICATE", int(replicate)]
@@ -68,7 +74,25 @@ def _addjob_options(replicate: int | None, delay: int | None, retry: int | None,
         args += ["MAXLEN", int(maxlen)]
     if async_:
         args.append("ASYNC")
+    if max_deliveries is not None:
+        args += ["MAXDELIVERIES", _count("max_deliveries", max_deliveries)]
+    if max_nacks is not None:
+        args += ["MAXNACKS", _count("max_nacks", max_nacks)]
+    if deadletter is not None:
+        if not deadletter:
+            raise ValueError("deadletter queue name must not be empty")
+        args += ["DEADLETTER", deadletter]
+    if deadttl is not None:
+        args += ["DEADTTL", _ms("deadttl", deadttl)]
     return args
+
+
+def _count(name: str, value: int) -> int:
+    """A MAXDELIVERIES / MAXNACKS limit: what every node refuses is refused before sending."""
+    v = int(value)
+    if not 0 <= v <= 65535:
+        raise ValueError(f"{name} must be between 0 and 65535")
+    return v
 
 
 def dedup_key_arg(key: str | bytes) -> str | bytes:
@@ -81,10 +105,14 @@ def dedup_key_arg(key: str | bytes) -> str | bytes:
 def addjob_args(queue: str | bytes, body: str | bytes, timeout_ms: int = 5000, *,
                 replicate: int | None = None, delay: int | None = None,
                 retry: int | None = None, ttl: int | None = None, maxlen: int | None = None,
-                async_: bool = False, dedup: str | bytes | None = None) -> list[Any]:
+                async_: bool = False, dedup: str | bytes | None = None,
+                max_deliveries: int | None = None, max_nacks: int | None = None,
+                deadletter: str | bytes | None = None, deadttl: int | None = None
+                ) -> list[Any]:
     """ADDJOB's argument list (options only when given; TTL/RETRY/DELAY in seconds)."""
     args: list[Any] = ["ADDJOB", queue, body, _ms("timeout_ms", timeout_ms)]
-    args += _addjob_options(replicate, delay, retry, ttl, maxlen, async_)
+    args += _addjob_options(replicate, delay, retry, ttl, maxlen, async_, max_deliveries,
+                            max_nacks, deadletter, deadttl)
     if dedup is not None:
         args += ["DEDUP", dedup_key_arg(dedup)]
     return args
@@ -94,13 +122,17 @@ def addjobs_args(queue: str | bytes, bodies: Sequence[str | bytes], timeout_ms: 
                  *, replicate: int | None = None, delay: int | None = None,
                  retry: int | None = None, ttl: int | None = None,
                  maxlen: int | None = None, async_: bool = False,
-                 dedup_keys: Sequence[str | bytes] | None = None) -> list[Any]:
+                 dedup_keys: Sequence[str | bytes] | None = None,
+                 max_deliveries: int | None = None, max_nacks: int | None = None,
+                 deadletter: str | bytes | None = None, deadttl: int | None = None
+                 ) -> list[Any]:
     """ADDJOBS's argument list: `queue timeout [options] [WITHDEDUP] JOBS body...`, with
     `key body` pairs after JOBS when `dedup_keys` (one per body) are given."""
     if not bodies:
         raise ValueError("ADDJOBS needs at least one body")
     args: list[Any] = ["ADDJOBS", queue, _ms("timeout_ms", timeout_ms)]
-    args += _addjob_options(replicate, delay, retry, ttl, maxlen, async_)
+    args += _addjob_options(replicate, delay, retry, ttl, maxlen, async_, max_deliveries,
+                            max_nacks, deadletter, deadttl)
     if dedup_keys is None:
         args.append("JOBS")
         args.extend(bodies)
@@ -116,10 +148,14 @@ def addjobs_args(queue: str | bytes, bodies: Sequence[str | bytes], timeout_ms: 
 def add_job(queue: str | bytes, body: str | bytes, timeout_ms: int = 5000, *,
             replicate: int | None = None, delay: int | None = None, retry: int | None = None,
             ttl: int | None = None, maxlen: int | None = None, async_: bool = False,
-            dedup: str | bytes | None = None, allow_retry: bool | None = None) -> Call[str]:
+            dedup: str | bytes | None = None, allow_retry: bool | None = None,
+            max_deliveries: int | None = None, max_nacks: int | None = None,
+            deadletter: str | bytes | None = None, deadttl: int | None = None) -> Call[str]:
     """ADDJOB -> the job ID. `allow_retry` defaults to True only with a `dedup` key."""
     args = addjob_args(queue, body, timeout_ms, replicate=replicate, delay=delay, retry=retry,
-                       ttl=ttl, maxlen=maxlen, async_=async_, dedup=dedup)
+                       ttl=ttl, maxlen=maxlen, async_=async_, dedup=dedup,
+                       max_deliveries=max_deliveries, max_nacks=max_nacks,
+                       deadletter=deadletter, deadttl=deadttl)
     safe = (dedup is not None) if allow_retry is None else allow_retry
     # a synchronous ADDJOB waits for replication up to timeout_ms (0 = no limit)
     return Call(tuple(args), replies.parse_id, safe, int(timeout_ms))
@@ -130,13 +166,16 @@ def add_jobs_batch(queue: str | bytes, bodies: Sequence[str | bytes], timeout_ms
                    retry: int | None = None, ttl: int | None = None,
                    maxlen: int | None = None, async_: bool = False,
                    dedup_keys: Sequence[str | bytes] | None = None,
-                   allow_retry: bool | None = None) -> Call[list[str | DisqueError]]:
+                   allow_retry: bool | None = None, max_deliveries: int | None = None,
+                   max_nacks: int | None = None, deadletter: str | bytes | None = None,
+                   deadttl: int | None = None) -> Call[list[str | DisqueError]]:
     """One ADDJOBS -> per body its job ID or its error (`DisqueError`), in order. An error
     of the command as a whole (syntax, unknown command on a node without ADDJOBS) raises.
     `allow_retry` defaults to True only with `dedup_keys`."""
     args = addjobs_args(queue, bodies, timeout_ms, replicate=replicate, delay=delay,
                         retry=retry, ttl=ttl, maxlen=maxlen, async_=async_,
-                        dedup_keys=dedup_keys)
+                        dedup_keys=dedup_keys, max_deliveries=max_deliveries,
+                        max_nacks=max_nacks, deadletter=deadletter, deadttl=deadttl)
     safe = (dedup_keys is not None) if allow_retry is None else allow_retry
     return Call(tuple(args), replies.parse_addjobs, safe, int(timeout_ms))
 
@@ -199,6 +238,31 @@ def del_job(*ids: str | bytes) -> Call[int]:
 def working(job_id: str | bytes) -> Call[int]:
     """WORKING -> seconds until the job would be re-queued (its RETRY; 0 if at-most-once)."""
     return Call(("WORKING", job_id), replies.parse_int)
+
+
+def redrive(queue: str | bytes, count: int | None = None, rate: int | None = None,
+            reset: bool = False, ids: Sequence[str | bytes] | None = None) -> Call[int]:
+    """REDRIVE: dead jobs queued in the dead-letter queue `queue` *on the node it is sent to*
+    back to their source queues. With `ids` those jobs at once (-> how many moved); else a
+    task moving `count` of them (default: all queued there now) at `rate` a second (default:
+    the node's redrive-rate) (-> how many it will move). `reset` restarts their counters.
+    Not resent on another node after a lost reply: another node has other dead jobs."""
+    args: list[Any] = ["REDRIVE", queue]
+    if count is not None:
+        if int(count) < 1:
+            raise ValueError("count must be >= 1")
+        args += ["COUNT", int(count)]
+    if rate is not None:
+        if int(rate) < 1:
+            raise ValueError("rate must be >= 1 (jobs per second)")
+        args += ["RATE", int(rate)]
+    if reset:
+        args.append("RESET")
+    if ids is not None:
+        if not ids:
+            raise ValueError("ids, when given, must name at least one job")
+        args += ["ID", *ids]
+    return Call(tuple(args), replies.parse_int, False)
 
 
 def show(job_id: str | bytes) -> Call[dict[str, Any] | None]:

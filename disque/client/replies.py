@@ -110,12 +110,16 @@ def parse_pairs(reply: Any) -> dict[str, Any]:
 
 
 def parse_show(reply: Any) -> dict[str, Any] | None:
-    """SHOW: None for an unknown job, else the 15 fields by name."""
+    """SHOW: None for an unknown job, else its fields by name: the original's 15, and for a
+    job with a dead-letter policy 7 more (`max-deliveries`, `max-nacks`, `deadletter-queue`,
+    `source-queue`, `deadletter-reason` and `deadletter-time`, None while it is alive, and
+    `redrives`)."""
     return None if reply is None else parse_pairs(reply)
 
 
 def parse_qstat(reply: Any) -> dict[str, Any] | None:
-    """QSTAT: None for an unknown queue, else the 10 fields by name."""
+    """QSTAT: None for an unknown queue, else the 10 fields by name (and `deadlettered`, the
+    jobs this node moved out of the queue to a dead-letter queue, once there are some)."""
     return None if reply is None else parse_pairs(reply)
 
 

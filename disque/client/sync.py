@@ -235,13 +235,19 @@ class Client(ClientBase):
                 replicate: int | None = None, delay: int | None = None,
                 retry: int | None = None, ttl: int | None = None, maxlen: int | None = None,
                 async_: bool = False, dedup: str | bytes | None = None,
-                allow_retry: bool | None = None) -> str:
+                allow_retry: bool | None = None, max_deliveries: int | None = None,
+                max_nacks: int | None = None, deadletter: str | bytes | None = None,
+                deadttl: int | None = None) -> str:
         """ADDJOB; returns the job ID. TTL, RETRY and DELAY are in seconds, `timeout_ms` is
         how long the node may wait for replication. After a lost reply the ADDJOB is resent
-        only if `allow_retry` (default: only when a `dedup` key makes it idempotent)."""
+        only if `allow_retry` (default: only when a `dedup` key makes it idempotent).
+        `max_deliveries`, `max_nacks`, `deadletter`, `deadttl` (seconds): the job's
+        dead-letter policy (disque-py; see `redrive`)."""
         return self._run(calls.add_job(queue, body, timeout_ms, replicate=replicate, delay=delay,
                                        retry=retry, ttl=ttl, maxlen=maxlen, async_=async_,
-                                       dedup=dedup, allow_retry=allow_retry))
+                                       dedup=dedup, allow_retry=allow_retry,
+                                       max_deliveries=max_deliveries, max_nacks=max_nacks,
+                                       deadletter=deadletter, deadttl=deadttl))
 
     def add_jobs(self, queue: str | bytes, bodies: Sequence[str | bytes],
                  timeout_ms: int = 5000, *, replicate: int | None = None,
@@ -249,7 +255,9 @@ class Client(ClientBase):
                  maxlen: int | None = None, async_: bool = False,
                  dedup_keys: Sequence[str | bytes] | None = None,
                  allow_retry: bool | None = None, batch_size: int = 1000,
-                 node: Node | str | None = None) -> AddJobsResult:
+                 node: Node | str | None = None, max_deliveries: int | None = None,
+                 max_nacks: int | None = None, deadletter: str | bytes | None = None,
+                 deadttl: int | None = None) -> AddJobsResult:
         """Many jobs with the same options, `batch_size` per round trip: one ADDJOBS per
         batch (replicated together), or pipelined ADDJOBs on a node without ADDJOBS (found
         out once per node). Never raises for one job's error: see `AddJobsResult`. With
@@ -258,7 +266,9 @@ class Client(ClientBase):
         batch = AddJobsBatch(queue, bodies, timeout_ms, replicate=replicate, delay=delay,
                              retry=retry, ttl=ttl, maxlen=maxlen, async_=async_,
                              dedup_keys=dedup_keys, allow_retry=allow_retry,
-                             batch_size=batch_size, support=self.addjobs_support)
+                             batch_size=batch_size, support=self.addjobs_support,
+                             max_deliveries=max_deliveries, max_nacks=max_nacks,
+                             deadletter=deadletter, deadttl=deadttl)
         pinned = self.resolve(node)
         for todo in batch.chunks():
             self._send_batch(batch, todo, pinned)
@@ -300,7 +310,9 @@ class Client(ClientBase):
                        delay: int | None = None, retry: int | None = None,
                        ttl: int | None = None, maxlen: int | None = None,
                        async_: bool = False, dedup_keys: Sequence[str | bytes] | None = None,
-                       allow_retry: bool | None = None, node: Node | str | None = None
+                       allow_retry: bool | None = None, node: Node | str | None = None,
+                       max_deliveries: int | None = None, max_nacks: int | None = None,
+                       deadletter: str | bytes | None = None, deadttl: int | None = None
                        ) -> list[str | DisqueError]:
         """One ADDJOBS: per body its job ID or its error, in order. Raises for an error of
         the command as a whole (e.g. "unknown command" on a node without ADDJOBS; `add_jobs`
@@ -308,8 +320,10 @@ class Client(ClientBase):
         return self._run(calls.add_jobs_batch(queue, bodies, timeout_ms, replicate=replicate,
                                               delay=delay, retry=retry, ttl=ttl,
                                               maxlen=maxlen, async_=async_,
-                                              dedup_keys=dedup_keys,
-                                              allow_retry=allow_retry), node)
+                                              dedup_keys=dedup_keys, allow_retry=allow_retry,
+                                              max_deliveries=max_deliveries,
+                                              max_nacks=max_nacks, deadletter=deadletter,
+                                              deadttl=deadttl), node)
 
     def get_job(self, *queues: str | bytes, timeout: int | None = None,
                 count: int | None = None, nohang: bool = False,
@@ -357,6 +371,16 @@ class Client(ClientBase):
 
     def show(self, job_id: str | bytes, node: Node | str | None = None) -> dict[str, Any] | None:
         return self._run(calls.show(job_id), node)
+
+    def redrive(self, queue: str | bytes, count: int | None = None, rate: int | None = None,
+                reset: bool = False, ids: Sequence[str | bytes] | None = None,
+                node: Node | str | None = None) -> int:
+        """REDRIVE the dead-letter queue `queue` of the current node (or `node`): its dead
+        jobs back to their source queues, `ids` at once, else `count` (default all) at
+        `rate` a second; `reset` restarts their counters. Returns how many moved (`ids`) or
+        how many the node's task will move. Dead jobs sit on the node that dead-lettered
+        them: to drain a cluster's, call it for each node."""
+        return self._run(calls.redrive(queue, count, rate, reset, ids), node)
 
     # -- queues --------------------------------------------------------------------------------
     def qlen(self, queue: str | bytes) -> int:

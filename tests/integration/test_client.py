@@ -1,6 +1,7 @@
 """disque.client against a real node: every method, in RESP3 (redis-py's default) and RESP2,
-the asyncio twin, pipelined add_jobs with DEDUP, and the consume helper (ACK, NACK,
-WORKING, stop)."""
+the asyncio twin, pipelined add_jobs with DEDUP, the consume helper (ACK, NACK,
+WORKING, stop), and the dead-letter side (a policy on add_job / add_jobs, SHOW's extra
+fields, redrive)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
 
@@ -322,3 +323,74 @@ async def test_async_blocking_get_job_and_consume(node: DisqueProcess, q: str):
         assert (stats.acked, stats.nacked) == (5, 1)
         assert sorted(set(bodies)) == [b"a0", b"a1", b"a2", b"a3", b"a4"]
         assert await c.qlen(q) == 0
+
+
+# ---------------------------------------------------------------------------- dead letters
+def fail(client: Client, q: str, job_id: str) -> None:
+    """A consumer takes the job from `q` and fails (NACK)."""
+    (job,) = client.get_job(q, nohang=True)
+    assert job.id == job_id
+    assert client.nack(job_id) == 1
+
+
+def test_a_job_nacked_to_its_limit_is_dead_and_redriven_by_id(client: Client, q: str) -> None:
+    dead = f"{q}-dead"
+    job_id = client.add_job(q, b"payload", max_nacks=3, deadletter=dead, deadttl=3600)
+    for _ in range(3):
+        fail(client, q, job_id)
+    assert client.qlen(q) == 0 and client.qlen(dead) == 1
+    show = client.show(job_id)
+    assert show is not None
+    assert (show["queue"], show["source-queue"], show["deadletter-queue"]) == (dead, q, dead)
+    assert (show["deadletter-reason"], show["nacks"], show["max-nacks"]) == ("max-nacks", 3, 3)
+    assert isinstance(show["deadletter-time"], int) and show["body"] == b"payload"
+    assert client.qstat(q)["deadlettered"] == 1
+    assert client.redrive(dead, reset=True, ids=[job_id]) == 1
+    show = client.show(job_id)
+    assert (show["queue"], show["nacks"], show["redrives"]) == (q, 0, 1)
+    assert show["deadletter-reason"] is None and show["deadletter-time"] is None
+
+
+def test_add_jobs_share_the_policy_and_a_redrive_task_moves_them_back(client: Client,
+                                                                      q: str) -> None:
+    dead = f"{q}-dead"
+    result = client.add_jobs(q, [b"a", b"b", b"c"], max_deliveries=1, deadletter=dead)
+    assert result.ok and all(client.show(j)["max-deliveries"] == 1 for j in result.ids)
+    jobs = client.get_job(q, count=3, nohang=True)
+    assert client.nack(*[j.id for j in jobs]) == 3  # MAXDELIVERIES 1: never redelivered
+    assert client.qlen(dead) == 3
+    assert client.redrive(dead, count=2, rate=100) == 2
+    wait_for(lambda: client.qlen(q) == 2)
+    assert client.qlen(dead) == 1
+    batch = client.add_jobs_batch(q, [b"d"], max_nacks=1, deadletter=dead)
+    assert client.show(batch[0])["max-nacks"] == 1
+
+
+async def test_async_client_dead_letters_nack_delay_and_redrive(node: DisqueProcess,
+                                                                q: str) -> None:
+    dead = f"{q}-dead"
+    async with AsyncClient([f"127.0.0.1:{node.port}"]) as client:
+        job_id = await client.add_job(q, b"x", max_nacks=2, deadletter=dead, retry=60)
+        (job,) = await client.get_job(q, nohang=True)
+        assert await client.nack(job.id, delay=1) == 1  # the first failure: back after 1 s
+        assert (await client.show(job_id))["state"] == "active"
+        await wait_for_async(lambda: client.qlen(q), 1)
+        (job,) = await client.get_job(q, nohang=True)
+        assert await client.nack(job.id, delay=30) == 1  # the second: dead at once
+        show = await client.show(job_id)
+        assert (show["queue"], show["state"], show["deadletter-reason"]) == \
+            (dead, "queued", "max-nacks")
+        assert (await client.add_jobs(q, [b"y"], max_nacks=1, deadletter=dead)).ok
+        assert (await client.add_jobs_batch(q, [b"z"], max_nacks=1))[0]
+        assert await client.redrive(dead, rate=1000) == 1
+        await wait_for_async(lambda: client.qlen(dead), 0)
+        assert (await client.show(job_id))["queue"] == q
+
+
+async def wait_for_async(get: Callable[[], Awaitable[int]], want: int,
+                         timeout: float = 10.0) -> None:
+    """Poll an async getter until it returns `want` (no fixed sleep)."""
+    deadline = time.monotonic() + timeout
+    while (got := await get()) != want:
+        assert time.monotonic() < deadline, f"still {got}, not {want}"
+        await asyncio.sleep(0.02)

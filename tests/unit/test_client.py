@@ -592,3 +592,72 @@ def test_attempts_lost_reply_resends_a_safe_command_to_the_same_node_first():
     assert c.failed == [node.addr]
     unsafe = Attempts(c, safe=False, pinned=None)
     assert unsafe.lost(node, OSError("reset")) is not None  # maybe ran: never resent
+
+
+# ---------------------------------------------------------------------------- dead letters
+def test_addjob_and_addjobs_send_the_dead_letter_policy_when_given():
+    call = calls.add_job("q", "b", 0, max_deliveries=5, max_nacks=3, deadletter="dead",
+                         deadttl=600)
+    assert call.args == ("ADDJOB", "q", "b", 0, "MAXDELIVERIES", 5, "MAXNACKS", 3,
+                         "DEADLETTER", "dead", "DEADTTL", 600)
+    assert calls.add_job("q", "b", 0, max_nacks=0).args[-2:] == ("MAXNACKS", 0)
+    call = calls.add_jobs_batch("q", ["a", "b"], 0, max_nacks=2, deadletter=b"dead")
+    assert call.args == ("ADDJOBS", "q", 0, "MAXNACKS", 2, "DEADLETTER", b"dead", "JOBS",
+                         "a", "b")
+
+
+@pytest.mark.parametrize("kw", [dict(max_deliveries=-1), dict(max_nacks=65536),
+                                dict(deadletter=""), dict(deadttl=-5)])
+def test_a_dead_letter_policy_every_node_refuses_is_refused_before_sending(kw):
+    with pytest.raises(ValueError):
+        calls.add_job("q", "b", **kw)
+    with pytest.raises(ValueError):
+        batch(2, **kw)
+
+
+def test_add_jobs_batches_and_their_addjob_fallback_carry_the_policy():
+    support: dict[str, bool] = {}
+    b = batch(2, max_nacks=3, deadletter="dead", deadttl=60, support=support)
+    [cmd] = b.round_trip([0, 1], A)
+    assert cmd.args == ["ADDJOBS", "q", 100, "MAXNACKS", 3, "DEADLETTER", "dead",
+                        "DEADTTL", 60, "JOBS", b"b0", b"b1"]
+    b.take(cmd, UNKNOWN, A)
+    assert [c.args for c in b.round_trip([0, 1], A)] == [
+        ["ADDJOB", "q", b"b0", 100, "MAXNACKS", 3, "DEADLETTER", "dead", "DEADTTL", 60],
+        ["ADDJOB", "q", b"b1", 100, "MAXNACKS", 3, "DEADLETTER", "dead", "DEADTTL", 60]]
+
+
+def test_redrive_arguments_reply_and_it_is_never_resent_elsewhere():
+    assert calls.redrive("dead").args == ("REDRIVE", "dead")
+    call = calls.redrive("dead", count=10, rate=5, reset=True, ids=[JOB_ID, JOB_ID2])
+    assert call.args == ("REDRIVE", "dead", "COUNT", 10, "RATE", 5, "RESET", "ID", JOB_ID,
+                         JOB_ID2)
+    assert call.safe is False and call.parse(wire(b":2\r\n")) == 2
+    for kw in (dict(count=0), dict(rate=0), dict(ids=[])):
+        with pytest.raises(ValueError):
+            calls.redrive("dead", **kw)
+
+
+def resp_array(items: list) -> bytes:
+    """RESP2 bytes of a flat array of bulk strings, integers and nils."""
+    def one(v: object) -> bytes:
+        if v is None:
+            return b"$-1\r\n"
+        if isinstance(v, int):
+            return b":%d\r\n" % v
+        return b"$%d\r\n%b\r\n" % (len(v), v)  # type: ignore[arg-type]
+    return b"*%d\r\n" % len(items) + b"".join(one(v) for v in items)
+
+
+@pytest.mark.parametrize("reason", [b"max-nacks", None])
+def test_show_of_a_job_with_a_policy_has_its_dead_letter_fields(reason):
+    raw = resp_array([b"id", JOB_ID.encode(), b"queue", b"dead", b"body", b"x",
+                      b"max-deliveries", 0, b"max-nacks", 3, b"deadletter-queue", b"dead",
+                      b"source-queue", b"q", b"deadletter-reason", reason,
+                      b"deadletter-time", 1795362283205 if reason else None,
+                      b"redrives", 0])
+    show = calls.show(JOB_ID).parse(wire(raw))
+    assert show["source-queue"] == "q" and show["deadletter-queue"] == "dead"
+    assert show["deadletter-reason"] == (reason.decode() if reason else None)
+    assert (show["max-nacks"], show["redrives"]) == (3, 0)
+    assert show["deadletter-time"] == (1795362283205 if reason else None)
