@@ -57,7 +57,7 @@ class DeadLetterRun:
         self.dead_lettered: list[tuple[bytes, int]] = []  # (job id, node) per decision
         for i in range(N):
             self._watch(i)
-        net.drop = drop
+        self.drop = drop
         self.adds: list[tuple[AddResult, bool]] = []  # (ADDJOB, poison)
         self.crashes = 0
         self.restarted_at = 0  # when the last crashed node starts again
@@ -159,10 +159,15 @@ class DeadLetterRun:
 def run_deadletter_schedule(seed: int, schedule: list[Any], delay: tuple[int, int],
                             drop: float, aof: bool, nack_delay: int,
                             redrive_fault: tuple[Any, ...]) -> None:
+    """One schedule, then the checks of the module doc. `schedule`: (gap ms, fault, nodes
+    adding a job after it); a fault as in test_jobs_sim.py; `drop`: the share of messages
+    whose connection breaks (from the first fault on, and during the redrive's fault)."""
     r = DeadLetterRun(seed, delay, drop, aof, nack_delay)
     net = r.net
-    for k in range(6):
+    for k in range(6):  # some jobs of each kind before any fault
         r.add(k % N)
+    assert net.run_until_true(lambda: all(a.ok for a, _ in r.adds), 5000, step=1)
+    net.drop = r.drop  # connections break now and then from here on
     for gap, op, adders in schedule:
         net.run_for(gap)
         r.fault(op)
@@ -174,7 +179,6 @@ def run_deadletter_schedule(seed: int, schedule: list[Any], delay: tuple[int, in
         "ADDJOB unanswered"
     poison = [a.ok for a, bad in r.adds if a.ok is not None and bad]
     good = [a.ok for a, bad in r.adds if a.ok is not None and not bad]
-    assert poison and good  # (the first jobs are added before any fault)
     # good jobs: delivered, acked, collected; poison jobs: dead, queued once, in `dead`
     assert net.run_until_true(lambda: all(not net.holders(j) for j in good), SETTLE_MS,
                               step=500), ("good jobs left", r.where(good))
@@ -194,7 +198,7 @@ def run_deadletter_schedule(seed: int, schedule: list[Any], delay: tuple[int, in
     for i in range(N):
         net.run_on(i, lambda n: n.deadletters.redrive_ids(DEAD, by_id, True))
         net.run_on(i, lambda n: n.deadletters.redrive(DEAD, None, 20, True))
-    net.drop = drop
+    net.drop = r.drop
     net.run_for(50)
     r.fault(redrive_fault)
     net.run_for(3000)
