@@ -18,7 +18,10 @@ views of who is alive differ during a restart, and a copy received twice costs o
 Rules:
 - only jobs that may still be delivered are sent: state active or queued, RETRY > 0
   (an at-most-once job must never get a second copy that could queue it again), not a
-  dummy ACK; acked jobs keep being collected by the ACK GC;
+  dummy ACK, and not a copy reloaded from the AOF that no other holder confirmed yet
+  (F_RELOADED: it may be the ghost of a job acknowledged and collected while this node
+  was down; copied, it would look alive to the restarted node and be queued again there);
+  acked jobs keep being collected by the ACK GC;
 - at most `rate` REPLJOBs per second (directive `rereplicate-rate`, 0: off), spent every
   cluster cron (100 ms), so restoring millions of copies does not starve clients;
 - the registry is walked shard by shard with a cursor per restarted node (the registry's
@@ -40,12 +43,12 @@ from typing import Any
 from disque.cluster.jobs import job_record
 from disque.cluster.messages import ReplJob
 from disque.cluster.nodes import FAILING, HANDSHAKE, MYSELF, NOADDR
-from disque.jobs.job import ACTIVE, F_DUMMY, QUEUED
+from disque.jobs.job import ACTIVE, F_DUMMY, F_RELOADED, QUEUED
 
 DEFAULT_RATE = 5000  # copies per second (rereplicate-rate)
 CRON_PER_SECOND = 10  # the cluster cron runs every 100 ms
-CONFIRM_MS = 5000  # a REPLJOB unconfirmed for this long is sent again
-MAX_ATTEMPTS = 3
+CONFIRM_MS = 1000  # a REPLJOB unconfirmed for this long is sent again (lost with a link)
+MAX_ATTEMPTS = 5
 
 
 class Rereplication:
@@ -110,8 +113,8 @@ class Rereplication:
                 and node.link_up(node_id))
 
     def _wanted(self, job: Any, target: bytes) -> bool:
-        return (job.state in (ACTIVE, QUEUED) and job.retry and not job.flags & F_DUMMY
-                and target in job.delivered)
+        return (job.state in (ACTIVE, QUEUED) and job.retry
+                and not job.flags & (F_DUMMY | F_RELOADED) and target in job.delivered)
 
     def _send(self, target: bytes, job: Any, now: int, attempts: int) -> None:
         node = self.node

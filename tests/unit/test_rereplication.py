@@ -9,7 +9,7 @@ from disque.cluster.membership import Log, Membership
 from disque.cluster.messages import INCARNATION_SHIFT, GotJob, Header, Ping, ReplJob
 from disque.cluster.nodes import ClusterNode
 from disque.cluster.rereplication import CONFIRM_MS, MAX_ATTEMPTS
-from disque.jobs.job import ACKED
+from disque.jobs.job import ACKED, F_RELOADED
 from disque.node import Node
 
 T0 = 1_700_000_000_000
@@ -105,13 +105,15 @@ def test_a_restarted_holder_gets_its_copies_again_and_confirms_them() -> None:
     assert repljobs(r.cron()) == []
 
 
-def test_acked_at_most_once_and_unrelated_jobs_are_not_rereplicated() -> None:
+def test_acked_at_most_once_unconfirmed_reloaded_and_unrelated_jobs_are_not_sent() -> None:
     r = Rig()
     acked = r.copy()
     r.node.ack_job(r.node.lookup_job(acked))
     assert r.node.lookup_job(acked).state == ACKED
     r.copy(retry=0)  # at-most-once: a second copy could deliver it twice
     r.copy(delivered=(B, ME))  # A holds no copy of it
+    ghost = r.copy()
+    r.node.lookup_job(ghost).flags |= F_RELOADED  # read from the AOF, not confirmed yet
     kept = r.copy()
     r.node.out = []
     r.restart(A)
