@@ -170,6 +170,9 @@ def job_from_record(rec: JobRecord, now: int, queue: bytes | None = None,
     return job
 
 
+_new_job = object.__new__  # a Job whose fields the caller sets (see hold_copies)
+
+
 def sender_wins(sender: bytes, myself: bytes, job_id: bytes) -> bool:
     """QUEUED tie-break: True if `sender` beats me for this job, so I dequeue my copy.
 
@@ -367,61 +370,105 @@ class ClusterJobs:
 
     def on_repljob(self, sender: bytes, msg: ReplJob) -> None:
         """ON RECV REPLJOB: hold a copy (or merge `delivered`) and confirm with GOTJOB."""
-        if self.leaving or (self._maxmemory and self.memory_level() > 0):
-            return  # refused: no GOTJOB, the sender will try another node
-        job = self.hold_copy(msg.job, self.clock())
-        if job is not None and not msg.noreply:
-            self.send(sender, GotJob(self.header(), job.id))
+        if self.leaving or (self._maxmemory and self.mem_used * 4 > self._maxmemory * 3):
+            return  # refused (memory above 75%): no GOTJOB, the sender tries another node
+        held = self.hold_copies((msg.job,), self.clock())
+        if held and not msg.noreply:
+            self.send(sender, GotJob(self.header(), held[0]))
 
     def on_repljob_batch(self, sender: bytes, msg: ReplJobBatch) -> None:
         """REPLJOB for the jobs of one frame: the same, answered with one GOTJOB frame."""
-        if self.leaving or (self._maxmemory and self.memory_level() > 0):
+        if self.leaving or (self._maxmemory and self.mem_used * 4 > self._maxmemory * 3):
             return
-        now = self.clock()
-        hold_copy = self.hold_copy
-        if msg.key:  # noreply
-            for rec in msg.items:
-                hold_copy(rec, now)
-            return
-        ids = []
-        for rec in msg.items:
-            job = hold_copy(rec, now)
-            if job is not None:
-                ids.append(job.id)
-        if ids:
-            self.send(sender, GotJobBatch(self.header(), ids, 0) if len(ids) > 1
-                      else GotJob(self.header(), ids[0]))
+        held = self.hold_copies(msg.items, self.clock())
+        if held and not msg.key:  # key: noreply
+            self.send(sender, GotJobBatch(self.header(), held, 0) if len(held) > 1
+                      else GotJob(self.header(), held[0]))
 
-    def hold_copy(self, rec: JobRecord, now: int) -> Job | None:
-        """Keep a copy of a replicated job (or merge its `delivered` into ours); None if
-        its queue is paused for input (no GOTJOB: the sender tries another node)."""
-        q = self.lookup_queue(rec.queue)
-        if q is not None and q.paused & PAUSE_IN:
-            return None
-        delivered = rec.delivered
-        if self.myself not in delivered:
-            delivered = delivered + (self.myself,)
-        job = job_from_record(rec, now, q.name if q is not None else None, delivered)
-        # register() and the lookup of a copy we already hold in one probe of the
-        # registry (among millions of jobs, each probe is a cache miss)
-        job_id = rec.id
-        known = self._jshards[hash(job_id) & self._jmask].setdefault(job_id, job)
-        if known is not job:
-            known.delivered = known.delivered + tuple(
-                n for n in rec.delivered if n not in known.delivered)
-            if known.flags & F_RELOADED:  # a holder sent it again: it is alive
-                known.flags &= ~F_RELOADED
-                self.reload_pending.pop(job_id, None)
-            return known
-        self.jobs._len += 1
-        self.mem_used += JOB_MEMORY + len(job.body)
-        if job.retry:
-            job.qtime = (now + (job.delay + job.retry) * 1000
-                         + int(self._random() * 500) - 250)
-        self.schedule_job(job)
-        if self.persist is not None:
-            self.persist.loadjob(job)
-        return job
+    def hold_copies(self, recs: Any, now: int) -> list[bytes]:
+        """Keep a copy of each replicated job (or merge its `delivered` into the copy we
+        hold); the IDs held, which leaves out the jobs whose queue is paused for input (no
+        GOTJOB: the sender tries another node).
+
+        The hot path of a replica, so what the jobs of one frame share is worked out once
+        (their queue, their `delivered` list: the decoder hands the jobs of a frame one
+        tuple per distinct list) and a new copy is built and scheduled inline (the fields
+        of `job_from_record`, the timer of `schedule_job`)."""
+        myself = self.myself
+        shards = self._jshards
+        mask = self._jmask
+        schedule = self.wheel.schedule
+        random = self._random
+        persist = self.persist
+        held: list[bytes] = []
+        last_queue: Any = None
+        q: Queue | None = None
+        last_delivered: Any = None
+        delivered: tuple[bytes, ...] = ()
+        willqueue = 0
+        added = 0
+        mem = 0
+        for rec in recs:
+            job_id, queue, body, repl, ttl_ms, ctime, delay, retry, nacks, deliv, \
+                rec_delivered, dl = rec
+            if queue != last_queue:
+                last_queue = queue
+                q = self.lookup_queue(queue)
+            if q is not None:
+                if q.paused & PAUSE_IN:
+                    continue
+                queue = q.name  # one shared bytes object for all the queue's jobs
+            if rec_delivered is not last_delivered:
+                last_delivered = rec_delivered
+                delivered = rec_delivered if myself in rec_delivered \
+                    else rec_delivered + (myself,)
+                # the WILLQUEUE 500 ms before a requeue, when others may hold the job
+                willqueue = 500 if len(delivered) > 1 else 0
+            job = _new_job(Job)
+            # register() and the lookup of a copy we already hold in one probe of the
+            # registry (among millions of jobs, each probe is a cache miss)
+            known = shards[hash(job_id) & mask].setdefault(job_id, job)
+            if known is not job:
+                known.delivered = known.delivered + tuple(
+                    n for n in rec_delivered if n not in known.delivered)
+                if known.flags & F_RELOADED:  # a holder sent it again: it is alive
+                    known.flags &= ~F_RELOADED
+                    self.reload_pending.pop(job_id, None)
+                held.append(job_id)
+                continue
+            job.id = job_id
+            job.queue = queue
+            job.body = body
+            job.state = ACTIVE
+            job.flags = 0
+            job.repl = repl
+            job.ctime = ctime
+            job.etime = etime = now + ttl_ms
+            job.delay = delay
+            job.retry = retry
+            job.nacks = nacks
+            job.deliveries = deliv
+            job.delivered = delivered
+            job.confirmed = ()
+            job.gc_retry = 0
+            job.dl = dl
+            if retry:
+                job.qtime = qtime = (now + (delay + retry) * 1000
+                                     + int(random() * 500) - 250)
+                when = qtime - willqueue
+                schedule(job, when if when < etime else etime)  # (sets job.awake)
+            else:
+                job.qtime = 0
+                schedule(job, etime)
+            added += 1
+            mem += JOB_MEMORY + len(body)
+            if persist is not None:
+                persist.loadjob(job)
+            held.append(job_id)
+        if added:
+            self.jobs._len += added
+            self.mem_used += mem
+        return held
 
     def on_gotjob(self, sender: bytes, msg: GotJob) -> None:
         """ON RECV GOTJOB: count the confirmation; enough of them and the job is added."""
