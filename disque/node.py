@@ -338,8 +338,9 @@ class Node(ClusterJobs):
             return False
         if not now:
             now = self.clock()
-        q = self._qshards[hash(job.queue) & self._qmask].get(job.queue) \
-            or self.create_queue(job.queue, now)
+        q = self._qshards[hash(job.queue) & self._qmask].get(job.queue)
+        if q is None:  # (not `or`: that would ask the queue for its length)
+            q = self.create_queue(job.queue, now)
         job.state = QUEUED
         if job.flags & F_BCAST_QUEUED:
             q.requeued += 1
@@ -349,8 +350,16 @@ class Node(ClusterJobs):
         q.jobs.add(job)
         q.jobs_in += 1
         q.atime = now
-        job.qtime = self.requeue_time(job, now) if job.retry else 0
-        self.schedule_job(job)
+        # schedule_job() of a queued job, inlined: the next requeue, or the expiry
+        if job.retry:
+            job.qtime = qtime = (now + job.retry * 1000
+                                 + int(self._random() * 2 * REQUEUE_JITTER) - REQUEUE_JITTER)
+            when = qtime if qtime < job.etime else job.etime
+        else:
+            job.qtime = 0
+            when = job.etime
+        if job.awake != when:
+            self.wheel.schedule(job, when)
         if q.waiters and not q.paused & PAUSE_OUT:
             self.serve_waiters(q)
         elif self.needers:
@@ -423,7 +432,7 @@ class Node(ClusterJobs):
         reachable: tuple[bytes, ...] = ()
         if clustered:
             reachable = m.reachable()
-            if self.maxmemory and self.mem_used * 4 > self.maxmemory * 3:
+            if self._maxmemory and self.mem_used * 4 > self._maxmemory * 3:
                 external = True
         needed = repl if external else repl - 1
         if needed > len(reachable):
@@ -498,7 +507,7 @@ class Node(ClusterJobs):
             targets = self.rng.sample(reachable, needed)
         job.delivered = (() if external else self._self_only) + tuple(targets)
         if async_ and external:
-            self.start_replication(job, targets, True, True)  # never registered here
+            self.start_replication(job, targets, True, True, now)  # never registered here
             job.state = ACTIVE  # not WAIT_REPL: the command layer must not wait for it
             return job
         self.register(job)
@@ -506,7 +515,7 @@ class Node(ClusterJobs):
             self.activate(job, now)
         else:
             self.schedule_job(job)  # expiry while waiting
-        self.start_replication(job, targets, external, async_)
+        self.start_replication(job, targets, external, async_, now)
         return job
 
     def activate(self, job: Job, now: int) -> None:

@@ -236,11 +236,10 @@ class ClusterJobs:
 
     # ------------------------------------------------------------------ replication
     def start_replication(self, job: Job, targets: list[bytes], external: bool,
-                          async_: bool) -> None:
+                          async_: bool, now: int) -> None:
         """Send REPLJOB for a new job (ADDJOB). Sync: the job waits in wait-repl until
         `wait_replication` parks its client; async: it is already queued here (unless
         external) and the copies are best effort."""
-        now = self.clock()
         rec = job_record(job, now)
         if async_:
             msg = ReplJob(self.header(), rec, True)
