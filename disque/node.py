@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from disque.cluster.deadletters import DeadLetters
-from disque.cluster.jobs import ClusterJobs, Replication
+from disque.cluster.jobs import ClusterJobs, Replication, ReplTimer
 from disque.cluster.messages import QUEUED_INCR_DELIV, QUEUED_INCR_NACKS, DelJob, Message
 from disque.cluster.nodes import ClusterNode
 from disque.cluster.rereplication import Rereplication
@@ -129,6 +129,7 @@ class Node(ClusterJobs):
         self.membership: Any = None  # cluster.membership.Membership, set by the server
         self.out: list[tuple[bytes, Message]] = []  # bus messages to send: (node id, msg)
         self.replicating: dict[bytes, Replication] = {}  # sync ADDJOBs waiting for GOTJOB
+        self.repl_timer: ReplTimer | None = None  # the newest replications' timer
         self.rereplication = Rereplication(self)  # copies lost by restarted nodes, again
         self.waiting_queues: set[Queue] = set()  # queues with blocked GETJOB clients
         self.importing: set[Queue] = set()  # queues with a recent import rate

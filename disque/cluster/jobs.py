@@ -110,30 +110,16 @@ class ReplWaiter:
 
 
 class Replication:
-    """A job waiting for synchronous replication. It is its own timer-wheel entry: one
-    wake-up at the earlier of the next retry tick and the timeout."""
+    """A job waiting for synchronous replication (its timer is its `ReplTimer`'s)."""
 
-    __slots__ = ("job", "waiter", "followers", "external", "node", "deadline", "next_tick",
-                 "awake")
+    __slots__ = ("job", "waiter", "followers", "external")
 
-    def __init__(self, job: Job, waiter: ReplWaiter, external: bool, node: Any) -> None:
+    def __init__(self, job: Job, waiter: ReplWaiter, external: bool) -> None:
         self.job = job
         self.waiter = waiter
-        self.followers: list[ReplWaiter] = []  # DEDUP retries of the same ADDJOB
+        # DEDUP retries of the same ADDJOB: a list once there is one
+        self.followers: list[ReplWaiter] | tuple[()] = ()
         self.external = external
-        self.node = node
-        self.deadline = 0  # ms: the ADDJOB timeout (0: none)
-        self.next_tick = 0  # ms: one more target then, while short
-        self.awake = 0
-
-    def wake_at(self) -> int:
-        """The next retry tick, or the timeout if it comes first."""
-        deadline = self.deadline
-        return deadline if deadline and deadline < self.next_tick else self.next_tick
-
-    def callback(self, now: int) -> None:
-        """Called by the node's timer wheel (see Node.tick)."""
-        self.node.repl_wake(self, now)
 
     def added(self, job_id: bytes) -> None:
         self.waiter.on_added(job_id)
@@ -145,8 +131,32 @@ class Replication:
         for w in self.followers:
             w.on_error(error)
 
-    def cancel(self) -> None:
+
+class ReplTimer:
+    """The timer of the replications started in the same millisecond with the same
+    timeout (the jobs of a pipelined or ADDJOBS batch): one timer-wheel entry for them all,
+    waking at the earlier of the next retry tick and the timeout. A replication that is
+    over simply leaves `node.replicating`; the timer skips it, and goes when none is
+    left."""
+
+    __slots__ = ("node", "reps", "started", "deadline", "next_tick", "awake")
+
+    def __init__(self, node: Any, started: int, deadline: int) -> None:
+        self.node = node
+        self.reps: list[Replication] = []
+        self.started = started
+        self.deadline = deadline  # ms: the ADDJOB timeout (0: none)
+        self.next_tick = started + REPL_RETRY_MS  # ms: one more target then, while short
         self.awake = 0
+
+    def wake_at(self) -> int:
+        """The next retry tick, or the timeout if it comes first."""
+        deadline = self.deadline
+        return deadline if deadline and deadline < self.next_tick else self.next_tick
+
+    def callback(self, now: int) -> None:
+        """Called by the node's timer wheel (see Node.tick)."""
+        self.node.repl_wake(self, now)
 
 
 def job_record(job: Job, now: int) -> JobRecord:
@@ -199,6 +209,7 @@ class ClusterJobs:
     leaving: bool
     out: list[tuple[bytes, Message]]
     replicating: dict[bytes, Replication]
+    repl_timer: ReplTimer | None
     rereplication: Any
     jobs: Any
     _jshards: Any
@@ -256,27 +267,37 @@ class ClusterJobs:
 
     def wait_replication(self, job: Job, waiter: ReplWaiter, timeout_ms: int) -> None:
         """Park the ADDJOB client until the job is replicated, times out, or goes."""
-        rep = Replication(job, waiter, self.myself not in job.delivered, self)
+        rep = Replication(job, waiter, self.myself not in job.delivered)
         waiter.node = self
         waiter.job_id = job.id
         self.replicating[job.id] = rep
         now = self.clock()
-        rep.next_tick = now + REPL_RETRY_MS
-        if timeout_ms:
-            rep.deadline = now + timeout_ms
-        self.wheel.schedule(rep, rep.wake_at())
+        deadline = now + timeout_ms if timeout_ms else 0
+        timer = self.repl_timer
+        if timer is None or timer.started != now or timer.deadline != deadline:
+            timer = self.repl_timer = ReplTimer(self, now, deadline)
+            self.wheel.schedule(timer, timer.wake_at())
+        timer.reps.append(rep)
 
-    def repl_wake(self, rep: Replication, now: int) -> None:
-        """The wheel woke a replication: time out, or one more retry tick."""
-        if self.replicating.get(rep.job.id) is not rep:
+    def repl_wake(self, timer: ReplTimer, now: int) -> None:
+        """The wheel woke the replications of a ReplTimer: time out, or one more retry
+        tick, for each of them still waiting."""
+        replicating = self.replicating
+        reps = timer.reps = [rep for rep in timer.reps
+                             if replicating.get(rep.job.id) is rep]
+        timed_out = timer.deadline and now >= timer.deadline
+        if not reps or timed_out:
+            if self.repl_timer is timer:  # done with: nothing joins it any more
+                self.repl_timer = None
+            if timed_out:
+                for rep in reps:
+                    self.repl_timeout(rep.job.id)
             return
-        if rep.deadline and now >= rep.deadline:
-            self.repl_timeout(rep.job.id)
-            return
-        if now >= rep.next_tick:
-            self.repl_tick(rep.job.id)
-            rep.next_tick = now + REPL_RETRY_MS
-        self.wheel.schedule(rep, rep.wake_at())
+        if now >= timer.next_tick:
+            for rep in reps:
+                self.repl_tick(rep.job.id)
+            timer.next_tick = now + REPL_RETRY_MS
+        self.wheel.schedule(timer, timer.wake_at())
 
     def repl_tick(self, job_id: bytes) -> None:
         """TIMER every 50 ms while short of the replication factor: add one more reachable
@@ -302,7 +323,6 @@ class ClusterJobs:
         rep = self.replicating.pop(job_id, None)
         if rep is None:
             return
-        rep.cancel()
         self.delete_everywhere(rep.job)
         rep.failed(CommandError("NOREPL", NOREPL_TIMEOUT))
 
@@ -314,7 +334,9 @@ class ClusterJobs:
             return False
         waiter.node = self
         waiter.job_id = job_id
-        rep.followers.append(waiter)
+        if not rep.followers:
+            rep.followers = []
+        rep.followers.append(waiter)  # type: ignore[union-attr]
         return True
 
     def cancel_replication(self, job_id: bytes, waiter: ReplWaiter | None = None) -> bool:
@@ -326,13 +348,12 @@ class ClusterJobs:
             return False
         if waiter is not None and waiter is not rep.waiter:
             if waiter in rep.followers:
-                rep.followers.remove(waiter)
+                rep.followers.remove(waiter)  # type: ignore[union-attr]
             return False
         if rep.followers:
-            rep.waiter = rep.followers.pop(0)
+            rep.waiter = rep.followers.pop(0)  # type: ignore[union-attr]
             return False
         del self.replicating[job_id]
-        rep.cancel()
         self.delete_everywhere(rep.job)
         return True
 
@@ -345,8 +366,6 @@ class ClusterJobs:
     def replication_achieved(self, job: Job) -> None:
         rep = self.replicating.pop(job.id, None)
         now = self.clock()
-        if rep is not None:
-            rep.cancel()
         if rep is not None and rep.external:
             confirmed = [n for n in job.confirmed if n != self.myself]
             if confirmed:  # (none when a SETACK "achieves" it first: nothing to queue)
@@ -364,7 +383,6 @@ class ClusterJobs:
         """A job still waiting for replication disappeared (expiry, DELJOB, flush)."""
         rep = self.replicating.pop(job.id, None)
         if rep is not None:
-            rep.cancel()
             rep.failed(CommandError("NOREPL", NOREPL_REMOVED))
 
     def on_repljob(self, sender: bytes, msg: ReplJob) -> None:
@@ -937,7 +955,6 @@ class ClusterJobs:
         """CLUSTER LEAVING yes: clients waiting on replication get -LEAVING, copies go."""
         for rep in list(self.replicating.values()):
             self.replicating.pop(rep.job.id, None)
-            rep.cancel()
             self.delete_everywhere(rep.job)
             rep.failed(leaving())
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from disque.cluster.jobs import job_from_record
 from disque.cluster.messages import GotJob, GotJobBatch, ReplJob, ReplJobBatch
-from disque.jobs.job import ACTIVE, JOB_MEMORY, Job
+from disque.jobs.job import ACTIVE, JOB_MEMORY, WAIT_REPL, Job
 from disque.queues.queue import PAUSE_IN
-from tests.unit.test_cluster_jobs import ME, A, B, Rig, hdr
+from disque.timers import RES
+from tests.unit.test_cluster_jobs import ME, A, B, C, D, Rig, hdr, targets
 
 FIELDS = [s for s in Job.__slots__ if s not in ("awake", "qtime")]
 
@@ -88,3 +89,45 @@ def test_a_replica_above_75_percent_of_maxmemory_refuses_a_frame() -> None:
     rig.node.mem_used = 3 * 1024 * 1024
     rig.node.on_message(A, ReplJob(hdr(A), rig.record(), False))
     assert len(rig.take()) == 1
+
+
+# ---------------------------------------------------------------------------- ReplTimer
+def test_sync_addjobs_of_one_millisecond_and_timeout_share_one_timer_entry() -> None:
+    r = Rig(peers=(A, B, C, D))
+    wheel_before = len(r.node.wheel)
+    jobs = [r.add_sync(replicate=3, timeout=1000) for _ in range(3)]
+    other, _ = r.add_sync(replicate=3, timeout=2000)  # another timeout: its own timer
+    # 4 expiry entries (one per job) + 2 replication timers
+    assert len(r.node.wheel) - wheel_before == 4 + 2
+    r.take()
+    # one job is replicated, one client goes away, one stays short: the shared timer
+    # keeps ticking for the one left (one more node every 50 ms), then times it out
+    done, done_client = jobs[0]
+    for n in done.delivered[1:]:
+        r.node.on_gotjob(n, GotJob(hdr(n), done.id))
+    assert done_client.added == [done.id]
+    jobs[1][1].cancel()
+    short, short_client = jobs[2]
+    r.advance(50 + RES)
+    assert len(short.delivered) == 4 and len(done.delivered) == 3
+    r.advance(944)
+    assert not short_client.errors
+    r.advance(1 + RES)
+    assert [e.prefix for e in short_client.errors] == ["NOREPL"]
+    assert done_client.added == [done.id] and not done_client.errors
+    assert not jobs[1][1].errors and not jobs[1][1].added
+    assert other.state == WAIT_REPL and list(r.node.replicating) == [other.id]
+    r.advance(1000)
+    assert r.node.replicating == {} and r.node.repl_timer is None
+
+
+def test_a_timer_with_nothing_left_to_wait_for_leaves_the_wheel() -> None:
+    r = Rig()
+    job, client = r.add_sync(replicate=2, timeout=0)
+    (t1,) = targets(r.take(), ReplJob)
+    r.node.on_gotjob(t1, GotJob(hdr(t1), job.id))
+    assert client.added == [job.id]
+    r.advance(50 + RES)
+    assert r.node.repl_timer is None and r.take() == []
+    r.advance(60_000)  # no retry tick, no timeout for an answered client
+    assert r.take() == [] and client.added == [job.id] and not client.errors
