@@ -463,7 +463,8 @@ class Node(ClusterJobs):
         if dl is not None:
             job.dl = dl
         if needed:
-            return self._add_replicated(job, reachable, needed, external, async_, now)
+            return self._add_replicated(job, reachable, needed, external, async_, now,
+                                        timeout_ms)
         # register(), inlined: this is the hot path of ADDJOB
         self._jshards[hash(job_id) & self._jmask][job_id] = job
         self.jobs._len += 1
@@ -495,7 +496,7 @@ class Node(ClusterJobs):
         return job
 
     def _add_replicated(self, job: Job, reachable: tuple[bytes, ...], needed: int,
-                        external: bool, async_: bool, now: int) -> Job:
+                        external: bool, async_: bool, now: int, timeout_ms: int) -> Job:
         """ADDJOB with copies on other nodes: sync (the job waits in wait-repl and the
         command layer parks the client with wait_replication) or ASYNC."""
         # every reachable node when all are needed (R3 on 3 nodes): no sampling to pay for;
@@ -514,8 +515,11 @@ class Node(ClusterJobs):
         self.register(job)
         if async_:
             self.activate(job, now)
-        else:
-            self.schedule_job(job)  # expiry while waiting
+        elif not timeout_ms or now + timeout_ms >= job.etime:
+            # Expiry while waiting. Not needed when the ADDJOB times out first: the job
+            # leaves wait-repl by then (replicated and scheduled, or deleted), and no
+            # timer-wheel entry for its expiry is left to hold it for its whole TTL.
+            self.schedule_job(job)
         self.start_replication(job, targets, external, async_, now)
         return job
 

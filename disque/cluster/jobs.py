@@ -363,9 +363,10 @@ class ClusterJobs:
         if self.lookup_job(job.id) is job:
             self.delete_job(job)
 
-    def replication_achieved(self, job: Job) -> None:
+    def replication_achieved(self, job: Job, now: int = 0) -> None:
         rep = self.replicating.pop(job.id, None)
-        now = self.clock()
+        if not now:
+            now = self.clock()
         if rep is not None and rep.external:
             confirmed = [n for n in job.confirmed if n != self.myself]
             if confirmed:  # (none when a SETACK "achieves" it first: nothing to queue)
@@ -489,14 +490,15 @@ class ClusterJobs:
 
     def on_gotjob(self, sender: bytes, msg: GotJob) -> None:
         """ON RECV GOTJOB: count the confirmation; enough of them and the job is added."""
-        self.got_job(sender, msg.job_id)
+        self.got_job(sender, msg.job_id, self.clock())
 
     def on_gotjob_batch(self, sender: bytes, msg: GotJobBatch) -> None:
         got_job = self.got_job
+        now = self.clock()
         for job_id in msg.items:
-            got_job(sender, job_id)
+            got_job(sender, job_id, now)
 
-    def got_job(self, sender: bytes, job_id: bytes) -> None:
+    def got_job(self, sender: bytes, job_id: bytes, now: int) -> None:
         # the jobs waiting for copies first: a small, warm table (the registry holds
         # millions of jobs and a lookup there is a cache miss)
         rep = self.replicating.get(job_id)
@@ -510,7 +512,7 @@ class ClusterJobs:
             if sender not in job.delivered:
                 job.delivered = job.delivered + (sender,)
         if len(job.confirmed) >= job.repl:
-            self.replication_achieved(job)
+            self.replication_achieved(job, now)
 
     def on_enqueue(self, sender: bytes, msg: EnqueueJob) -> None:
         """ON RECV ENQUEUE: the creator kept no copy; queue ours (now or after the delay)."""

@@ -97,8 +97,8 @@ def test_sync_addjobs_of_one_millisecond_and_timeout_share_one_timer_entry() -> 
     wheel_before = len(r.node.wheel)
     jobs = [r.add_sync(replicate=3, timeout=1000) for _ in range(3)]
     other, _ = r.add_sync(replicate=3, timeout=2000)  # another timeout: its own timer
-    # 4 expiry entries (one per job) + 2 replication timers
-    assert len(r.node.wheel) - wheel_before == 4 + 2
+    # 2 replication timers, and no expiry entries: each ADDJOB times out before its TTL
+    assert len(r.node.wheel) - wheel_before == 2
     r.take()
     # one job is replicated, one client goes away, one stays short: the shared timer
     # keeps ticking for the one left (one more node every 50 ms), then times it out
@@ -131,3 +131,15 @@ def test_a_timer_with_nothing_left_to_wait_for_leaves_the_wheel() -> None:
     assert r.node.repl_timer is None and r.take() == []
     r.advance(60_000)  # no retry tick, no timeout for an answered client
     assert r.take() == [] and client.added == [job.id] and not client.errors
+
+
+def test_a_sync_addjob_without_timeout_or_timing_out_after_its_ttl_keeps_its_expiry() -> None:
+    r = Rig()
+    for timeout, ttl in ((0, 60), (61_000, 60), (60_000, 60)):
+        job, client = r.add_sync(replicate=3, ttl=ttl, timeout=timeout)
+        assert job.awake == job.etime
+    job, client = r.add_sync(replicate=3, ttl=60, timeout=59_999)
+    assert job.awake == 0
+    r.advance(59_999 + RES)
+    assert [e.prefix for e in client.errors] == ["NOREPL"]
+    assert r.node.lookup_job(job.id) is None
