@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from disque.cluster.deadletters import DeadLetters
@@ -130,6 +130,8 @@ class Node(ClusterJobs):
         self.out: list[tuple[bytes, Message]] = []  # bus messages to send: (node id, msg)
         self.replicating: dict[bytes, Replication] = {}  # sync ADDJOBs waiting for GOTJOB
         self.repl_timer: ReplTimer | None = None  # the newest replications' timer
+        self.repl_last: Any = None  # the newest REPLJOB sent, and to which nodes
+        self.repl_last_targets: Sequence[bytes] = ()
         self.rereplication = Rereplication(self)  # copies lost by restarted nodes, again
         self.waiting_queues: set[Queue] = set()  # queues with blocked GETJOB clients
         self.importing: set[Queue] = set()  # queues with a recent import rate
@@ -499,10 +501,11 @@ class Node(ClusterJobs):
                         external: bool, async_: bool, now: int, timeout_ms: int) -> Job:
         """ADDJOB with copies on other nodes: sync (the job waits in wait-repl and the
         command layer parks the client with wait_replication) or ASYNC."""
-        # every reachable node when all are needed (R3 on 3 nodes): no sampling to pay for;
-        # one of them (R2): one random() rather than rng.sample's machinery
+        # every reachable node when all are needed (R3 on 3 nodes): no sampling to pay for,
+        # and the membership's own tuple, which tells start_replication that consecutive jobs
+        # go to the same nodes; one of them (R2): one random() rather than rng.sample's
         if needed == len(reachable):
-            targets = list(reachable)
+            targets: Sequence[bytes] = reachable
         elif needed == 1:
             targets = [reachable[int(self._random() * len(reachable))]]
         else:

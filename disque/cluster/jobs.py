@@ -25,6 +25,7 @@ server routes them to the nodes' bus links. Nothing here touches a socket or the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from disque.cluster.deadletters import state_bits
@@ -159,6 +160,32 @@ class ReplTimer:
         self.node.repl_wake(self, now)
 
 
+class ReplJobsOut(ReplJobBatch):
+    """The REPLJOBs of consecutive new jobs to the same nodes, as one outbox message (see
+    `start_replication`): one encoding for every node it goes to."""
+
+    __slots__ = ("frame",)
+
+    def __init__(self, header: Any, items: list[JobRecord], noreply: bool) -> None:
+        super().__init__(header, items, noreply)
+        self.frame: bytes | None = None
+
+    @property
+    def noreply(self) -> bool:
+        return self.key  # type: ignore[no-any-return]
+
+    def add(self, rec: JobRecord) -> None:
+        self.items.append(rec)
+        self.n += 1
+        self.frame = None
+
+    def encode(self) -> bytes:
+        frame = self.frame
+        if frame is None:
+            frame = self.frame = ReplJob.frame(self.header, self.items, self.key)
+        return frame
+
+
 def job_record(job: Job, now: int) -> JobRecord:
     """A job as it travels on the bus (expiry relative to the sender's clock)."""
     ttl = job.etime - now
@@ -210,6 +237,8 @@ class ClusterJobs:
     out: list[tuple[bytes, Message]]
     replicating: dict[bytes, Replication]
     repl_timer: ReplTimer | None
+    repl_last: ReplJob | ReplJobsOut | None  # the newest REPLJOB sent (see start_replication)
+    repl_last_targets: Sequence[bytes]
     rereplication: Any
     jobs: Any
     _jshards: Any
@@ -246,24 +275,43 @@ class ClusterJobs:
         return [n for n in job.delivered if n != myself]
 
     # ------------------------------------------------------------------ replication
-    def start_replication(self, job: Job, targets: list[bytes], external: bool,
+    def start_replication(self, job: Job, targets: Sequence[bytes], external: bool,
                           async_: bool, now: int) -> None:
         """Send REPLJOB for a new job (ADDJOB). Sync: the job waits in wait-repl until
         `wait_replication` parks its client; async: it is already queued here (unless
-        external) and the copies are best effort."""
+        external) and the copies are best effort.
+
+        The REPLJOBs of consecutive new jobs to every reachable node (`targets` is then
+        the membership's tuple of them: the same object from job to job) become one
+        message in the outbox (a pipelined group, an ADDJOBS, the ADDJOBs of several
+        clients in one loop iteration): no message object, no outbox entry and no
+        encoding step per job and per node, and one frame per node as before. Not for
+        targets drawn at random (REPLICATE 2 of 3 nodes): the encoder already packs each
+        node's REPLJOBs into one frame, and batches of alternating targets would split
+        those frames."""
         rec = job_record(job, now)
-        if async_:
-            msg = ReplJob(self.header(), rec, True)
+        if not async_:
+            job.state = WAIT_REPL
+            job.confirmed = () if external else (self.myself,)
+        out = self.out
+        last = self.repl_last
+        header = self.header()
+        if (out and out[-1][1] is last and targets is self.repl_last_targets
+                and last.header is header and last.noreply == async_):  # type: ignore
+            # nothing else was sent since the previous job's REPLJOB: this one joins it
+            if last.__class__ is ReplJob:
+                batch = ReplJobsOut(header, [last.job, rec], async_)  # type: ignore
+                out[-len(targets):] = [(n, batch) for n in targets]
+                self.repl_last = batch
+            else:
+                last.add(rec)  # type: ignore[union-attr]
+        else:
+            msg = self.repl_last = ReplJob(header, rec, async_)
+            self.repl_last_targets = targets
             for n in targets:
                 self.send(n, msg)
-            if external:
-                self.send(self.rng.choice(targets), EnqueueJob(self.header(), job.id, job.delay))
-            return
-        job.state = WAIT_REPL
-        job.confirmed = () if external else (self.myself,)
-        msg = ReplJob(self.header(), rec, False)
-        for n in targets:
-            self.send(n, msg)
+        if async_ and external:
+            self.send(self.rng.choice(targets), EnqueueJob(header, job.id, job.delay))
 
     def wait_replication(self, job: Job, waiter: ReplWaiter, timeout_ms: int) -> None:
         """Park the ADDJOB client until the job is replicated, times out, or goes."""
@@ -964,6 +1012,7 @@ class ClusterJobs:
 _HANDLERS: dict[type, Any] = {
     ReplJob: ClusterJobs.on_repljob,
     ReplJobBatch: ClusterJobs.on_repljob_batch,
+    ReplJobsOut: ClusterJobs.on_repljob_batch,  # (handed over without the codec: tests)
     GotJob: ClusterJobs.on_gotjob,
     GotJobBatch: ClusterJobs.on_gotjob_batch,
     EnqueueJob: ClusterJobs.on_enqueue,

@@ -9,7 +9,14 @@ a frame mixing queues, paused queues and copies already held.
 from __future__ import annotations
 
 from disque.cluster.jobs import job_from_record
-from disque.cluster.messages import GotJob, GotJobBatch, ReplJob, ReplJobBatch
+from disque.cluster.messages import (
+    FrameDecoder,
+    GotJob,
+    GotJobBatch,
+    ReplJob,
+    ReplJobBatch,
+    encode_many,
+)
 from disque.jobs.job import ACTIVE, JOB_MEMORY, WAIT_REPL, Job
 from disque.queues.queue import PAUSE_IN
 from disque.timers import RES
@@ -143,3 +150,45 @@ def test_a_sync_addjob_without_timeout_or_timing_out_after_its_ttl_keeps_its_exp
     r.advance(59_999 + RES)
     assert [e.prefix for e in client.errors] == ["NOREPL"]
     assert r.node.lookup_job(job.id) is None
+
+
+# ---------------------------------------------------------------------------- REPLJOB out
+def test_consecutive_new_jobs_to_every_node_leave_as_one_repljob_message_per_node() -> None:
+    r = Rig()  # peers A and B: REPLICATE 3 goes to both
+    jobs = [r.add_sync(replicate=3)[0] for _ in range(3)]
+    out = r.take()
+    assert [n for n, _ in out] == [A, B]
+    msg = out[0][1]
+    assert out[1][1] is msg and msg.n == 3
+    assert [rec.id for rec in msg.items] == [j.id for j in jobs] and not msg.noreply
+    # one encoding for both links; the replica decodes one frame of three REPLJOBs
+    assert msg.encode() is msg.encode()
+    frame = encode_many([msg])
+    (decoded,) = FrameDecoder().feed(frame)
+    assert type(decoded) is ReplJobBatch and [rec.id for rec in decoded.items] == \
+        [j.id for j in jobs]
+    replica = Rig(myself=A, peers=(ME, B))
+    replica.node.on_message(ME, decoded)
+    [(to, reply)] = replica.take()
+    assert to == ME and reply.items == [j.id for j in jobs]
+
+
+def test_repljobs_keep_their_order_with_other_messages_and_noreply_apart() -> None:
+    r = Rig()
+    first, client = r.add_sync(replicate=3)
+    client.cancel()  # DELJOB to both between the two REPLJOBs
+    second = r.add_sync(replicate=3)[0]
+    third = r.add(replicate=3, async_=True)  # ASYNC: REPLJOB with NOREPLY, a message apart
+    fourth = r.add(replicate=3, async_=True)
+    kinds = [(type(m).__name__, n) for n, m in r.take()]
+    assert kinds == [("ReplJob", A), ("ReplJob", B), ("DelJob", A), ("DelJob", B),
+                     ("ReplJob", A), ("ReplJob", B), ("ReplJobsOut", A), ("ReplJobsOut", B)]
+    assert first.id != second.id and third.id != fourth.id
+
+
+def test_repljobs_to_nodes_drawn_at_random_stay_one_message_per_job() -> None:
+    r = Rig(peers=(A, B))
+    for _ in range(4):
+        r.add_sync(replicate=2)
+    out = r.take()
+    assert len(out) == 4 and all(type(m) is ReplJob for _, m in out)
