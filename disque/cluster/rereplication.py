@@ -42,7 +42,7 @@ from typing import Any
 
 from disque.cluster.jobs import job_record
 from disque.cluster.messages import ReplJob
-from disque.cluster.nodes import FAILING, HANDSHAKE, MYSELF, NOADDR
+from disque.cluster.nodes import FAILING, HANDSHAKE, LEAVING, MYSELF, NOADDR
 from disque.jobs.job import ACTIVE, F_DUMMY, F_RELOADED, QUEUED
 
 DEFAULT_RATE = 5000  # copies per second (rereplicate-rate)
@@ -107,9 +107,12 @@ class Rereplication:
 
     # ------------------------------------------------------------------ internals
     def _reachable(self, node_id: bytes) -> bool:
+        """Whether copies may go to `node_id` now. A leaving node refuses copies (no
+        GOTJOB): sent to it, they would only spend their attempts, and a node restarted then
+        marked LEAVING for a while would never get its copies back once it stops leaving."""
         node = self.node
         n = node.membership.get(node_id)
-        return (n is not None and not n.bits & (FAILING | NOADDR | HANDSHAKE)
+        return (n is not None and not n.bits & (FAILING | NOADDR | HANDSHAKE | LEAVING)
                 and node.link_up(node_id))
 
     def _wanted(self, job: Any, target: bytes) -> bool:

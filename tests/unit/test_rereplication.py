@@ -7,7 +7,7 @@ import random
 
 from disque.cluster.membership import Log, Membership
 from disque.cluster.messages import INCARNATION_SHIFT, GotJob, Header, Ping, ReplJob
-from disque.cluster.nodes import ClusterNode
+from disque.cluster.nodes import LEAVING, ClusterNode
 from disque.cluster.rereplication import CONFIRM_MS, MAX_ATTEMPTS
 from disque.jobs.job import ACKED, F_RELOADED
 from disque.node import Node
@@ -33,9 +33,9 @@ class Rig:
     def clock(self) -> int:
         return self.now
 
-    def ping_from(self, peer: bytes, incarnation: int) -> None:
-        """A PING on an inbound link, announcing the peer's incarnation."""
-        h = Header(peer, IPS[peer], 7711, 17711, incarnation << INCARNATION_SHIFT)
+    def ping_from(self, peer: bytes, incarnation: int, flags: int = 0) -> None:
+        """A PING on an inbound link, announcing the peer's incarnation (and `flags`)."""
+        h = Header(peer, IPS[peer], 7711, 17711, incarnation << INCARNATION_SHIFT | flags)
         self.m.link_message(self.link, Ping(h, []), IPS[peer])
 
     def cron(self) -> list[tuple[bytes, object]]:
@@ -118,6 +118,21 @@ def test_acked_at_most_once_unconfirmed_reloaded_and_unrelated_jobs_are_not_sent
     r.node.out = []
     r.restart(A)
     assert repljobs(r.cron()) == [(A, kept)]
+
+
+def test_a_restarted_node_that_is_leaving_gets_its_copies_once_it_stops_leaving() -> None:
+    # found by `make sim` (seeds 8081, 9266): the copies went to a restarted node marked
+    # LEAVING, which refuses them, until their attempts ran out; it never got them back
+    r = Rig()
+    jid = r.copy()
+    r.ping_from(A, 1)
+    r.cron()
+    r.ping_from(A, 2, LEAVING)
+    for _ in range((MAX_ATTEMPTS + 1) * CONFIRM_MS // 100):
+        r.ping_from(A, 2, LEAVING)
+        assert repljobs(r.cron()) == []
+    r.ping_from(A, 2)
+    assert repljobs(r.cron()) == [(A, jid)]
 
 
 def test_copies_are_sent_at_most_at_the_configured_rate() -> None:
