@@ -56,6 +56,7 @@ REQUEUE_JITTER = 250  # ms: requeue times get uniform [-250, +250) added
 QUEUE_GC_PERIOD = 100  # ms between queue eviction samples
 QUEUE_GC_SHARDS = 16  # queue-table shards sampled per period
 EVICT_SAMPLE = 500  # jobs (then queues) one eviction attempt examines at most
+COLLECTED_MAX = 100_000  # IDs of collected jobs kept to answer reloaded copies (~10 MB)
 
 # Memory estimate (INFO used_memory and the maxmemory rules). The constants are the measured
 # Python cost of a queued job besides its body (JOB_MEMORY, in disque.jobs.job: object, ID,
@@ -153,6 +154,12 @@ class Node(ClusterJobs):
         # jobs reloaded from the AOF waiting for a holder to confirm them (F_RELOADED):
         # job id -> (holders that have not said "unknown" yet, WILLQUEUE rounds so far)
         self.reload_pending: dict[bytes, tuple[set[bytes], int]] = {}
+        # IDs of jobs acknowledged and forgotten here (collected by the ACK GC, a DELJOB from
+        # the bus, FASTACK), oldest first, at most COLLECTED_MAX: what lets this node tell a
+        # reloaded copy "collected, drop it" rather than "unknown here" (a local DELJOB, a
+        # copy never received). Past the cap the answer is "unknown": at worst a delivery
+        # after the ACK, never a lost job.
+        self.collected: dict[bytes, None] = {}
         self.set_deadletter_defaults(0, 0, b"deadletter")
         self.redrive_rate = 1000  # jobs/s of a REDRIVE without RATE (redrive-rate)
 
@@ -304,9 +311,18 @@ class Node(ClusterJobs):
             self.replication_removed(job)
         if self.jobs.pop(job.id) is not None:
             self.mem_used -= JOB_MEMORY + len(job.body or b"")
-            if job.state == ACKED and self.persist is not None and not job.flags & F_DUMMY:
-                self.persist.deljob(job.id)  # its acked record (see ack_job) is done with
+            if job.state == ACKED and not job.flags & F_DUMMY:
+                self.note_collected(job.id)
+                if self.persist is not None:
+                    self.persist.deljob(job.id)  # its acked record (see ack_job) is done
         job.awake = 0
+
+    def note_collected(self, job_id: bytes) -> None:
+        """Remember that `job_id` was acknowledged and forgotten here (see `collected`)."""
+        collected = self.collected
+        collected[job_id] = None
+        if len(collected) > COLLECTED_MAX:
+            del collected[next(iter(collected))]
 
     def delete_job(self, job: Job) -> None:
         """Unregister, logging the deletion when the AOF holds the job."""
@@ -818,6 +834,7 @@ class Node(ClusterJobs):
                     self.count_acked(job)
                 if self.others(job):
                     self.send_to(job.delivered, DelJob(self.header(), job_id))
+                    self.note_collected(job_id)
                 self.delete_job(job)
             elif self.membership is not None and self.cluster_size() > 1:
                 self.send_to(self.reachable_or_known(), DelJob(self.header(), job_id))
@@ -1041,6 +1058,7 @@ class Node(ClusterJobs):
                 self.persist.deljob(job.id)
         self.jobs.clear()
         self.reload_pending.clear()
+        self.collected.clear()
         self.queues.clear()
         self.waiting_queues.clear()
         self.importing.clear()

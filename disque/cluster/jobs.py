@@ -632,8 +632,11 @@ class ClusterJobs:
         job = self.lookup_job(msg.job_id)
         if job is None:
             if msg.aux & WILLQUEUE_CONFIRM:
-                self.send(sender, Queued(self.header(), msg.job_id,
-                                         QUEUED_STATE_ONLY | QUEUED_UNKNOWN))
+                # collected here: the reloaded copy is a ghost of an acknowledged job.
+                # Never known (a copy refused or lost, a local DELJOB) or forgotten: it may
+                # be the last copy of a live job, so let it requeue now.
+                self.send(sender, Queued(self.header(), msg.job_id, QUEUED_STATE_ONLY | (
+                    QUEUED_UNKNOWN if msg.job_id in self.collected else 0)))
             return
         if job.state in (ACTIVE, QUEUED) and sender not in job.delivered:
             job.delivered = job.delivered + (sender,)
@@ -806,8 +809,10 @@ class ClusterJobs:
             self.unregister(job)
 
     def on_deljob(self, sender: bytes, msg: DelJob) -> None:
+        """ON RECV DELJOB: the job is done with cluster-wide (collected or FASTACKed)."""
         job = self.lookup_job(msg.job_id)
         if job is not None:
+            self.note_collected(job.id)
             self.delete_job(job)
 
     # ------------------------------------------------------------------ federation

@@ -83,3 +83,21 @@ def test_a_reloaded_copy_of_a_job_collected_meanwhile_is_dropped(cluster) -> Non
     never_queued(c, job_id, 3)
     wait_for(lambda: cmd(x, "SHOW", job_id) is None, timeout=20)
     assert cmd(x, "GETJOB", "NOHANG", "FROM", Q) is None
+
+
+def test_a_reloaded_copy_whose_other_holders_never_collected_it_is_delivered(cluster) -> None:
+    # Found by the long client-port fuzz: holders that do not know the job (a local DELJOB
+    # here; also a copy refused or lost) are not proof that it was acknowledged. Only the
+    # nodes that collected it (the ACK GC, a DELJOB from the bus, FASTACK) say so.
+    c = cluster(2, args=AOF)
+    a, b = c.nodes
+    reply = cmd(a, "ADDJOB", Q, "body", 5000, "REPLICATE", 2, "RETRY", 1, timeout=15)
+    job_id = str(reply)
+    assert cmd(b, "DELJOB", job_id) == 1  # b drops its own copy only
+    a.kill()
+    a.start()
+    c.wait_mesh()
+    assert cmd(a, "SHOW", job_id)[5] == b"active"
+    # reloaded active, it asks b, which never collected it: queued again after RETRY
+    wait_for(lambda: cmd(a, "GETJOB", "NOHANG", "FROM", Q), timeout=20,
+             what="the reloaded job queued")

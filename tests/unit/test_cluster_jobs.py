@@ -1584,10 +1584,18 @@ def test_a_reloaded_copy_nobody_answers_waits_then_is_requeued_anyway() -> None:
     assert job.state == QUEUED
 
 
-def test_willqueue_asking_for_an_answer_gets_unknown_or_known() -> None:
+def test_willqueue_asking_for_an_answer_gets_collected_unknown_or_known() -> None:
     r = Rig(peers=(A, B))
     missing = r.record().id
+    # never known here (or deleted by a local DELJOB): no proof of an ACK, "requeue it"
     r.node.on_willqueue(A, WillQueue(hdr(A), missing, WILLQUEUE_CONFIRM))
+    (to, msg), = r.take()
+    assert to == A and msg.aux == QUEUED_STATE_ONLY
+    # collected here (a DELJOB from the bus): "unknown", the reloaded copy may drop it
+    collected = r.replica(delivered=(A, B, ME))
+    r.node.on_deljob(B, DelJob(hdr(B), collected.id))
+    assert r.node.lookup_job(collected.id) is None
+    r.node.on_willqueue(A, WillQueue(hdr(A), collected.id, WILLQUEUE_CONFIRM))
     (to, msg), = r.take()
     assert to == A and msg.aux == QUEUED_STATE_ONLY | QUEUED_UNKNOWN
     job = r.replica(delivered=(A, ME))
@@ -1603,3 +1611,14 @@ def test_a_state_only_queued_never_dequeues_or_postpones_our_copy() -> None:
     for peer in (A, B):
         r.node.on_queued(peer, Queued(hdr(peer), job.id, QUEUED_STATE_ONLY))
     assert job.state == QUEUED and job.qtime == qtime
+
+
+def test_the_ids_of_collected_jobs_are_kept_up_to_a_cap_oldest_dropped_first(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import disque.node
+    monkeypatch.setattr(disque.node, "COLLECTED_MAX", 2)
+    r = Rig(peers=(A, B))
+    jobs = [r.replica(delivered=(A, ME)) for _ in range(3)]
+    for job in jobs:
+        r.node.on_deljob(A, DelJob(hdr(A), job.id))
+    assert list(r.node.collected) == [jobs[1].id, jobs[2].id]
