@@ -876,28 +876,40 @@ class Node(ClusterJobs):
                     self.broadcast_queued(job, flags)
         return moved
 
-    def nack_jobs(self, ids: Iterable[bytes], delay: int = 0) -> int:
+    def nack_jobs(self, ids: Iterable[bytes], delay: int | None = None) -> int:
         """NACK [DELAY seconds]: the consumer failed; the job goes back to its queue at once,
         or after `delay` seconds (its requeue timer is set to then, and the other holders
-        push theirs past it). Counts a nack either way, never an additional delivery."""
-        if not delay:
+        push theirs past it). Without DELAY, a job added with BACKOFF is put off by its
+        backoff for the delivery that failed (DeadLetter.backoff_delay). Counts a nack
+        either way, never an additional delivery."""
+        if delay == 0:
             return self.enqueue_jobs(ids, nack=True)
         moved = 0
         now = self.clock()
         for job_id in ids:
             job = self.jobs.get(job_id)
-            if job is None or job.state != ACTIVE or job.qtime == 0:
+            if job is None or job.state != ACTIVE:
+                continue
+            wait = delay
+            if wait is None:
+                dl = job.dl
+                wait = (dl.backoff_delay(1 + job.nacks + job.deliveries, self._random())
+                        if dl is not None and dl.backoff and job.qtime else 0)
+                if not wait:
+                    moved += self.enqueue_jobs((job_id,), nack=True)
+                    continue
+            if job.qtime == 0:
                 continue
             moved += 1
             if job.dl is not None and self.deadletters.check(job, now, nack=True):
                 continue
             job.nacks += 1
             self.count_nacked(job)
-            job.qtime = now + delay * 1000
+            job.qtime = now + wait * 1000
             job.flags = (job.flags | F_NACK_DELAYED) & ~F_BCAST_WILLQUEUE
             self.schedule_job(job)
             if self.membership is not None:
-                self.broadcast_nack_delay(job, delay)
+                self.broadcast_nack_delay(job, wait)
         return moved
 
     def dequeue_jobs(self, ids: Iterable[bytes]) -> int:

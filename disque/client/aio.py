@@ -241,7 +241,7 @@ class AsyncClient(ClientBase):
                       dedup: str | bytes | None = None,
                       allow_retry: bool | None = None, max_deliveries: int | None = None,
                       max_nacks: int | None = None, deadletter: str | bytes | None = None,
-                      deadttl: int | None = None) -> str:
+                      deadttl: int | None = None, backoff: int | None = None) -> str:
         """See `Client.add_job`."""
         return await self._run(calls.add_job(queue, body, timeout_ms, replicate=replicate,
                                              delay=delay, retry=retry, ttl=ttl, maxlen=maxlen,
@@ -249,7 +249,7 @@ class AsyncClient(ClientBase):
                                              allow_retry=allow_retry,
                                              max_deliveries=max_deliveries,
                                              max_nacks=max_nacks, deadletter=deadletter,
-                                             deadttl=deadttl))
+                                             deadttl=deadttl, backoff=backoff))
 
     async def add_jobs(self, queue: str | bytes, bodies: Sequence[str | bytes],
                        timeout_ms: int = 5000, *, replicate: int | None = None,
@@ -259,14 +259,14 @@ class AsyncClient(ClientBase):
                        allow_retry: bool | None = None, batch_size: int = 1000,
                        node: Node | str | None = None, max_deliveries: int | None = None,
                        max_nacks: int | None = None, deadletter: str | bytes | None = None,
-                       deadttl: int | None = None) -> AddJobsResult:
+                       deadttl: int | None = None, backoff: int | None = None) -> AddJobsResult:
         """See `Client.add_jobs`: ADDJOBS per batch, pipelined ADDJOBs without it."""
         batch = AddJobsBatch(queue, bodies, timeout_ms, replicate=replicate, delay=delay,
                              retry=retry, ttl=ttl, maxlen=maxlen, async_=async_,
                              dedup_keys=dedup_keys, allow_retry=allow_retry,
                              batch_size=batch_size, support=self.addjobs_support,
                              max_deliveries=max_deliveries, max_nacks=max_nacks,
-                             deadletter=deadletter, deadttl=deadttl)
+                             deadletter=deadletter, deadttl=deadttl, backoff=backoff)
         pinned = self.resolve(node)
         for todo in batch.chunks():
             await self._send_batch(batch, todo, pinned)
@@ -311,7 +311,8 @@ class AsyncClient(ClientBase):
                              allow_retry: bool | None = None,
                              node: Node | str | None = None,
                              max_deliveries: int | None = None, max_nacks: int | None = None,
-                             deadletter: str | bytes | None = None, deadttl: int | None = None
+                             deadletter: str | bytes | None = None, deadttl: int | None = None,
+                             backoff: int | None = None
                              ) -> list[str | DisqueError]:
         """See `Client.add_jobs_batch`: one ADDJOBS, an ID or an error per body."""
         return await self._run(calls.add_jobs_batch(queue, bodies, timeout_ms,
@@ -320,6 +321,7 @@ class AsyncClient(ClientBase):
                                                     max_deliveries=max_deliveries,
                                                     max_nacks=max_nacks,
                                                     deadletter=deadletter, deadttl=deadttl,
+                                                    backoff=backoff,
                                                     async_=async_, dedup_keys=dedup_keys,
                                                     allow_retry=allow_retry), node)
 

@@ -67,7 +67,7 @@ class AddJobsBatch:
                  allow_retry: bool | None = None, batch_size: int = 1000,
                  support: dict[str, bool] | None = None, max_deliveries: int | None = None,
                  max_nacks: int | None = None, deadletter: str | bytes | None = None,
-                 deadttl: int | None = None) -> None:
+                 deadttl: int | None = None, backoff: int | None = None) -> None:
         n = len(bodies)
         if dedup_keys is not None and len(dedup_keys) != n:
             raise ValueError("dedup_keys must have one key per body")
@@ -82,7 +82,7 @@ class AddJobsBatch:
                                             ttl=ttl, maxlen=maxlen, async_=async_,
                                             max_deliveries=max_deliveries,
                                             max_nacks=max_nacks, deadletter=deadletter,
-                                            deadttl=deadttl)
+                                            deadttl=deadttl, backoff=backoff)
         # checks the options and the timeout once; ADDJOB's body goes at [2]
         self.template = calls.addjob_args(queue, b"", timeout_ms, **self.options)
         self.blocking_ms = int(timeout_ms)  # how long a node may hold the replies back

@@ -56,7 +56,7 @@ def _addjob_options(replicate: int | None, delay: int | None, retry: int | None,
                     ttl: int | None, maxlen: int | None, async_: bool,
                     max_deliveries: int | None = None, max_nacks: int | None = None,
                     deadletter: str | bytes | None = None,
-                    deadttl: int | None = None) -> list[Any]:
+                    deadttl: int | None = None, backoff: int | None = None) -> list[Any]:
     """The options ADDJOB and ADDJOBS share, only those given (TTL/RETRY/DELAY/DEADTTL in
     seconds). The dead-letter policy (disque-py only, docs/commands.md "Failed jobs"):
     `max_deliveries` / `max_nacks` limits (0: none) and the `deadletter` queue a job over
@@ -84,6 +84,8 @@ def _addjob_options(replicate: int | None, delay: int | None, retry: int | None,
         args += ["DEADLETTER", deadletter]
     if deadttl is not None:
         args += ["DEADTTL", _ms("deadttl", deadttl)]
+    if backoff is not None:
+        args += ["BACKOFF", _ms("backoff", backoff)]
     return args
 
 
@@ -107,12 +109,13 @@ def addjob_args(queue: str | bytes, body: str | bytes, timeout_ms: int = 5000, *
                 retry: int | None = None, ttl: int | None = None, maxlen: int | None = None,
                 async_: bool = False, dedup: str | bytes | None = None,
                 max_deliveries: int | None = None, max_nacks: int | None = None,
-                deadletter: str | bytes | None = None, deadttl: int | None = None
+                deadletter: str | bytes | None = None, deadttl: int | None = None,
+                backoff: int | None = None
                 ) -> list[Any]:
     """ADDJOB's argument list (options only when given; TTL/RETRY/DELAY in seconds)."""
     args: list[Any] = ["ADDJOB", queue, body, _ms("timeout_ms", timeout_ms)]
     args += _addjob_options(replicate, delay, retry, ttl, maxlen, async_, max_deliveries,
-                            max_nacks, deadletter, deadttl)
+                            max_nacks, deadletter, deadttl, backoff)
     if dedup is not None:
         args += ["DEDUP", dedup_key_arg(dedup)]
     return args
@@ -124,7 +127,8 @@ def addjobs_args(queue: str | bytes, bodies: Sequence[str | bytes], timeout_ms: 
                  maxlen: int | None = None, async_: bool = False,
                  dedup_keys: Sequence[str | bytes] | None = None,
                  max_deliveries: int | None = None, max_nacks: int | None = None,
-                 deadletter: str | bytes | None = None, deadttl: int | None = None
+                 deadletter: str | bytes | None = None, deadttl: int | None = None,
+                 backoff: int | None = None
                  ) -> list[Any]:
     """ADDJOBS's argument list: `queue timeout [options] [WITHDEDUP] JOBS body...`, with
     `key body` pairs after JOBS when `dedup_keys` (one per body) are given."""
@@ -132,7 +136,7 @@ def addjobs_args(queue: str | bytes, bodies: Sequence[str | bytes], timeout_ms: 
         raise ValueError("ADDJOBS needs at least one body")
     args: list[Any] = ["ADDJOBS", queue, _ms("timeout_ms", timeout_ms)]
     args += _addjob_options(replicate, delay, retry, ttl, maxlen, async_, max_deliveries,
-                            max_nacks, deadletter, deadttl)
+                            max_nacks, deadletter, deadttl, backoff)
     if dedup_keys is None:
         args.append("JOBS")
         args.extend(bodies)
@@ -150,12 +154,13 @@ def add_job(queue: str | bytes, body: str | bytes, timeout_ms: int = 5000, *,
             ttl: int | None = None, maxlen: int | None = None, async_: bool = False,
             dedup: str | bytes | None = None, allow_retry: bool | None = None,
             max_deliveries: int | None = None, max_nacks: int | None = None,
-            deadletter: str | bytes | None = None, deadttl: int | None = None) -> Call[str]:
+            deadletter: str | bytes | None = None, deadttl: int | None = None,
+            backoff: int | None = None) -> Call[str]:
     """ADDJOB -> the job ID. `allow_retry` defaults to True only with a `dedup` key."""
     args = addjob_args(queue, body, timeout_ms, replicate=replicate, delay=delay, retry=retry,
                        ttl=ttl, maxlen=maxlen, async_=async_, dedup=dedup,
                        max_deliveries=max_deliveries, max_nacks=max_nacks,
-                       deadletter=deadletter, deadttl=deadttl)
+                       deadletter=deadletter, deadttl=deadttl, backoff=backoff)
     safe = (dedup is not None) if allow_retry is None else allow_retry
     # a synchronous ADDJOB waits for replication up to timeout_ms (0 = no limit)
     return Call(tuple(args), replies.parse_id, safe, int(timeout_ms))
@@ -168,14 +173,16 @@ def add_jobs_batch(queue: str | bytes, bodies: Sequence[str | bytes], timeout_ms
                    dedup_keys: Sequence[str | bytes] | None = None,
                    allow_retry: bool | None = None, max_deliveries: int | None = None,
                    max_nacks: int | None = None, deadletter: str | bytes | None = None,
-                   deadttl: int | None = None) -> Call[list[str | DisqueError]]:
+                   deadttl: int | None = None,
+                   backoff: int | None = None) -> Call[list[str | DisqueError]]:
     """One ADDJOBS -> per body its job ID or its error (`DisqueError`), in order. An error
     of the command as a whole (syntax, unknown command on a node without ADDJOBS) raises.
     `allow_retry` defaults to True only with `dedup_keys`."""
     args = addjobs_args(queue, bodies, timeout_ms, replicate=replicate, delay=delay,
                         retry=retry, ttl=ttl, maxlen=maxlen, async_=async_,
                         dedup_keys=dedup_keys, max_deliveries=max_deliveries,
-                        max_nacks=max_nacks, deadletter=deadletter, deadttl=deadttl)
+                        max_nacks=max_nacks, deadletter=deadletter, deadttl=deadttl,
+                        backoff=backoff)
     safe = (dedup_keys is not None) if allow_retry is None else allow_retry
     return Call(tuple(args), replies.parse_addjobs, safe, int(timeout_ms))
 

@@ -111,9 +111,9 @@ def parse_pairs(reply: Any) -> dict[str, Any]:
 
 def parse_show(reply: Any) -> dict[str, Any] | None:
     """SHOW: None for an unknown job, else its fields by name: the original's 15, and for a
-    job with a dead-letter policy 7 more (`max-deliveries`, `max-nacks`, `deadletter-queue`,
-    `source-queue`, `deadletter-reason` and `deadletter-time`, None while it is alive, and
-    `redrives`)."""
+    job with a dead-letter policy 8 more (`max-deliveries`, `max-nacks`, `deadletter-queue`,
+    `source-queue`, `deadletter-reason` and `deadletter-time`, None while it is alive,
+    `redrives` and `backoff`)."""
     return None if reply is None else parse_pairs(reply)
 
 

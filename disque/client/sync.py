@@ -237,17 +237,18 @@ class Client(ClientBase):
                 async_: bool = False, dedup: str | bytes | None = None,
                 allow_retry: bool | None = None, max_deliveries: int | None = None,
                 max_nacks: int | None = None, deadletter: str | bytes | None = None,
-                deadttl: int | None = None) -> str:
+                deadttl: int | None = None, backoff: int | None = None) -> str:
         """ADDJOB; returns the job ID. TTL, RETRY and DELAY are in seconds, `timeout_ms` is
         how long the node may wait for replication. After a lost reply the ADDJOB is resent
         only if `allow_retry` (default: only when a `dedup` key makes it idempotent).
         `max_deliveries`, `max_nacks`, `deadletter`, `deadttl` (seconds): the job's
-        dead-letter policy (disque-py; see `redrive`)."""
+        dead-letter policy (disque-py; see `redrive`); `backoff` (seconds): a NACK without
+        a delay puts the job off min(backoff, 2^(delivery-1)) s, with jitter."""
         return self._run(calls.add_job(queue, body, timeout_ms, replicate=replicate, delay=delay,
                                        retry=retry, ttl=ttl, maxlen=maxlen, async_=async_,
                                        dedup=dedup, allow_retry=allow_retry,
                                        max_deliveries=max_deliveries, max_nacks=max_nacks,
-                                       deadletter=deadletter, deadttl=deadttl))
+                                       deadletter=deadletter, deadttl=deadttl, backoff=backoff))
 
     def add_jobs(self, queue: str | bytes, bodies: Sequence[str | bytes],
                  timeout_ms: int = 5000, *, replicate: int | None = None,
@@ -257,7 +258,7 @@ class Client(ClientBase):
                  allow_retry: bool | None = None, batch_size: int = 1000,
                  node: Node | str | None = None, max_deliveries: int | None = None,
                  max_nacks: int | None = None, deadletter: str | bytes | None = None,
-                 deadttl: int | None = None) -> AddJobsResult:
+                 deadttl: int | None = None, backoff: int | None = None) -> AddJobsResult:
         """Many jobs with the same options, `batch_size` per round trip: one ADDJOBS per
         batch (replicated together), or pipelined ADDJOBs on a node without ADDJOBS (found
         out once per node). Never raises for one job's error: see `AddJobsResult`. With
@@ -268,7 +269,7 @@ class Client(ClientBase):
                              dedup_keys=dedup_keys, allow_retry=allow_retry,
                              batch_size=batch_size, support=self.addjobs_support,
                              max_deliveries=max_deliveries, max_nacks=max_nacks,
-                             deadletter=deadletter, deadttl=deadttl)
+                             deadletter=deadletter, deadttl=deadttl, backoff=backoff)
         pinned = self.resolve(node)
         for todo in batch.chunks():
             self._send_batch(batch, todo, pinned)
@@ -312,7 +313,8 @@ class Client(ClientBase):
                        async_: bool = False, dedup_keys: Sequence[str | bytes] | None = None,
                        allow_retry: bool | None = None, node: Node | str | None = None,
                        max_deliveries: int | None = None, max_nacks: int | None = None,
-                       deadletter: str | bytes | None = None, deadttl: int | None = None
+                       deadletter: str | bytes | None = None, deadttl: int | None = None,
+                       backoff: int | None = None
                        ) -> list[str | DisqueError]:
         """One ADDJOBS: per body its job ID or its error, in order. Raises for an error of
         the command as a whole (e.g. "unknown command" on a node without ADDJOBS; `add_jobs`
@@ -323,7 +325,7 @@ class Client(ClientBase):
                                               dedup_keys=dedup_keys, allow_retry=allow_retry,
                                               max_deliveries=max_deliveries,
                                               max_nacks=max_nacks, deadletter=deadletter,
-                                              deadttl=deadttl), node)
+                                              deadttl=deadttl, backoff=backoff), node)
 
     def get_job(self, *queues: str | bytes, timeout: int | None = None,
                 count: int | None = None, nohang: bool = False,

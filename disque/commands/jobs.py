@@ -96,7 +96,8 @@ class AddJobOptions:
     """ADDJOB's options after the timeout (ADDJOBS: the same, before JOBS)."""
 
     __slots__ = ("replicate", "ttl", "retry", "delay", "maxlen", "dedup", "async_",
-                 "with_dedup", "max_deliveries", "max_nacks", "deadletter", "deadttl", "dl")
+                 "with_dedup", "max_deliveries", "max_nacks", "deadletter", "deadttl", "backoff",
+                 "dl")
 
     def __init__(self) -> None:
         self.replicate: int | None = None
@@ -113,6 +114,7 @@ class AddJobOptions:
         self.max_nacks: int | None = None
         self.deadletter: bytes | None = None
         self.deadttl = 0
+        self.backoff = 0  # s: the longest NACK backoff (0: none)
         self.dl: DeadLetter | None = None
 
 
@@ -163,6 +165,9 @@ def parse_addjob_options(argv: list[bytes], i: int, end: int, batch: bool = Fals
         elif opt == b"deadttl":
             o.deadttl = _ranged(value, 0, MAX_JOB_SECONDS, "DEADTTL must be a number of "
                                 f"seconds from 0 to {MAX_JOB_SECONDS}")
+        elif opt == b"backoff":
+            o.backoff = _ranged(value, 0, MAX_JOB_SECONDS, "BACKOFF must be a number of "
+                                f"seconds from 0 to {MAX_JOB_SECONDS}")
         else:
             raise syntax()
         i += 2
@@ -189,7 +194,7 @@ def add_one_job(c: Any, queue: bytes, body: bytes, timeout: int, o: AddJobOption
                                          "MAXLEN count")
     dl = o.dl
     if dl is None and (node.deadletter_defaults_on or o.max_deliveries or o.max_nacks
-                       or o.deadletter is not None):
+                       or o.deadletter is not None or o.backoff):
         dl = deadletter_policy(node, queue, o)
     job = node.add_job(queue, body, timeout, o.replicate, o.ttl, o.retry, o.delay, o.maxlen,
                        o.async_, dl)
@@ -208,12 +213,12 @@ def deadletter_policy(node: Any, queue: bytes, o: AddJobOptions) -> DeadLetter |
     and without DEADLETTER."""
     md = node.default_max_deliveries if o.max_deliveries is None else o.max_deliveries
     mn = node.default_max_nacks if o.max_nacks is None else o.max_nacks
-    if not md and not mn and o.deadletter is None:
+    if not md and not mn and o.deadletter is None and not o.backoff:
         return None
     dlq = node.deadletter_queue if o.deadletter is None else o.deadletter
     if dlq == queue:
         raise err("DEADLETTER queue must differ from the job's queue")
-    return DeadLetter(md, mn, dlq, queue, o.deadttl)
+    return DeadLetter(md, mn, dlq, queue, o.deadttl, backoff=o.backoff)
 
 
 _NO_OPTIONS = AddJobOptions()  # shared, never modified: plain `ADDJOB q body timeout`
@@ -493,7 +498,7 @@ def cmd_enqueue(c: Any, argv: list[bytes]) -> None:
 def cmd_nack(c: Any, argv: list[bytes]) -> None:
     """NACK job-id ... [DELAY seconds]: the option may stand anywhere among the IDs (no job ID
     can be mistaken for it)."""
-    delay = 0
+    delay: int | None = None
     if len(argv) > 2 and b"delay" in (a.lower() for a in argv if len(a) == 5):
         ids: list[bytes] = []
         i = 1
@@ -562,6 +567,7 @@ def deadletter_fields(dl: DeadLetter) -> list[Any]:
         b"deadletter-reason", REASON_NAMES[dl.reason] if dead else None,
         b"deadletter-time", dl.dead_at if dead else None,
         b"redrives", dl.epoch // 2,
+        b"backoff", dl.backoff,
     ]
 
 

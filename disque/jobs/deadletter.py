@@ -1,8 +1,9 @@
-"""A job's dead-letter policy and state: the part of a job that says where it goes when it
-keeps failing, and whether it is there now.
+"""A job's failure policy and dead-letter state: the part of a job that says where it goes
+when it keeps failing, whether it is there now, and how long a NACK puts it off (BACKOFF).
 
-A job added with MAXDELIVERIES, MAXNACKS or DEADLETTER (or under the node-wide defaults)
-carries one `DeadLetter`; every other job carries None, so the common job pays one slot.
+A job added with MAXDELIVERIES, MAXNACKS, DEADLETTER or BACKOFF (or under the node-wide
+defaults) carries one `DeadLetter`; every other job carries None, so the common job pays one
+slot.
 
 The value is immutable: jobs added together share one, and a change of state (dead-lettered,
 redriven) makes a new one with `moved`. Its state is the `epoch`, a counter every holder of
@@ -14,6 +15,7 @@ their messages arrived in (see disque.cluster.deadletters).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 REASON_NONE = 0
@@ -21,15 +23,16 @@ REASON_MAX_DELIVERIES = 1
 REASON_MAX_NACKS = 2
 REASON_NAMES = (None, b"max-deliveries", b"max-nacks")
 MAX_EPOCH = (1 << 32) - 1
+MAX_BACKOFF = 315360000  # s (10 years, as every job time)
 
 
 class DeadLetter:
     __slots__ = ("max_deliveries", "max_nacks", "queue", "source", "deadttl", "epoch",
-                 "reason", "dead_at")
+                 "reason", "dead_at", "backoff")
 
     def __init__(self, max_deliveries: int, max_nacks: int, queue: bytes, source: bytes,
                  deadttl: int = 0, epoch: int = 0, reason: int = REASON_NONE,
-                 dead_at: int = 0) -> None:
+                 dead_at: int = 0, backoff: int = 0) -> None:
         self.max_deliveries = max_deliveries  # 0: no limit
         self.max_nacks = max_nacks  # 0: no limit
         self.queue = queue  # the dead-letter queue
@@ -38,6 +41,7 @@ class DeadLetter:
         self.epoch = epoch
         self.reason = reason  # why it is dead (REASON_*), when dead
         self.dead_at = dead_at  # unix ms when this node learned it is dead
+        self.backoff = backoff  # s: the longest NACK backoff (0: a NACK requeues at once)
 
     @property
     def dead(self) -> bool:
@@ -47,9 +51,9 @@ class DeadLetter:
         """This policy in state `epoch` (odd: dead for `reason` since `now`)."""
         if epoch & 1:
             return DeadLetter(self.max_deliveries, self.max_nacks, self.queue, self.source,
-                              self.deadttl, epoch, reason, now)
+                              self.deadttl, epoch, reason, now, self.backoff)
         return DeadLetter(self.max_deliveries, self.max_nacks, self.queue, self.source,
-                          self.deadttl, epoch)
+                          self.deadttl, epoch, backoff=self.backoff)
 
     def current_queue(self) -> bytes:
         return self.queue if self.epoch & 1 else self.source
@@ -66,16 +70,32 @@ class DeadLetter:
             return REASON_MAX_DELIVERIES
         return REASON_NONE
 
+    def backoff_delay(self, deliveries: int, random: float) -> int:
+        """Seconds a NACK without DELAY puts the job off after its `deliveries`-th delivery
+        failed: min(BACKOFF, 2^(deliveries-1)) scaled by 0.5 + random/2 (`random` in
+        [0, 1): the jitter that keeps jobs failing together from coming back together),
+        rounded up; 0 without BACKOFF."""
+        if not self.backoff:
+            return 0
+        base = min(self.backoff, 1 << min(max(deliveries, 1) - 1, 40))
+        return max(1, math.ceil(base * (0.5 + random / 2)))
+
     def to_wire(self) -> list[Any]:
-        return [self.max_deliveries, self.max_nacks, self.queue, self.source, self.deadttl,
+        wire = [self.max_deliveries, self.max_nacks, self.queue, self.source, self.deadttl,
                 self.epoch, self.reason, self.dead_at]
+        if self.backoff:
+            wire.append(self.backoff)  # 9th field only when set: older records have 8
+        return wire
 
     @classmethod
     def from_wire(cls, v: Any) -> DeadLetter:
         """From `to_wire`'s list; ValueError if it is not one."""
-        if type(v) is not list or len(v) != 8:
+        if type(v) is not list or len(v) not in (8, 9):
             raise ValueError("bad dead-letter record")
-        md, mn, queue, source, deadttl, epoch, reason, dead_at = v
+        backoff = v[8] if len(v) == 9 else 0
+        if type(backoff) is not int or not 0 <= backoff <= MAX_BACKOFF:
+            raise ValueError("bad dead-letter backoff")
+        md, mn, queue, source, deadttl, epoch, reason, dead_at = v[:8]
         if type(queue) is not bytes or type(source) is not bytes or not queue or not source:
             raise ValueError("bad dead-letter queue names")
         for x in (md, mn, deadttl, epoch, reason, dead_at):
@@ -83,7 +103,7 @@ class DeadLetter:
                 raise ValueError("bad dead-letter field")
         if epoch > MAX_EPOCH or reason >= len(REASON_NAMES):
             raise ValueError("bad dead-letter state")
-        return cls(md, mn, queue, source, deadttl, epoch, reason, dead_at)
+        return cls(md, mn, queue, source, deadttl, epoch, reason, dead_at, backoff)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, DeadLetter) and self.to_wire() == other.to_wire()

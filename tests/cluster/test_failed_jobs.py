@@ -128,3 +128,20 @@ def test_redrive_moves_dead_jobs_back_to_their_source_queue(cluster) -> None:
     wait_for(lambda: all(show(p, j)["queue"] == Q.encode() for p in c.nodes
                          for j in ids if show(p, j) is not None))
     assert cmd(a, "REDRIVE", "dead") == 0
+
+
+def test_backoff_travels_with_the_job_and_its_nack_holds_on_every_holder(cluster) -> None:
+    c = cluster(3)
+    a = c[0]
+    job_id = add(a, "REPLICATE", 3, "RETRY", 1, "BACKOFF", 4)
+    assert all(show(p, job_id)["backoff"] == 4 for p in c.nodes)
+    # two failed deliveries: the second NACK puts the job off 1-2 s on a, and the other
+    # holders, whose RETRY (1 s) would end first, wait for it too
+    for k in (1, 2):
+        assert fetch(a) == job_id
+        assert cmd(a, "NACK", job_id) == 1
+        wait_for(lambda k=k: all(show(p, job_id)["nacks"] == k for p in c.nodes))
+        assert queued_on(c.nodes, job_id) == []
+        wait_for(lambda: queued_on(c.nodes, job_id) == [Q], timeout=15)
+    for p in c.nodes:
+        assert show(p, job_id)["additional-deliveries"] == 0, p.port

@@ -15,7 +15,7 @@ SHOW_KEYS = ["id", "queue", "state", "repl", "ttl", "ctime", "delay", "retry", "
              "additional-deliveries", "nodes-delivered", "nodes-confirmed",
              "next-requeue-within", "next-awake-within", "body"]
 DL_KEYS = ["max-deliveries", "max-nacks", "deadletter-queue", "source-queue",
-           "deadletter-reason", "deadletter-time", "redrives"]
+           "deadletter-reason", "deadletter-time", "redrives", "backoff"]
 
 
 def nack_dead(conn: Conn, q: str, job_id: str) -> None:
@@ -35,6 +35,9 @@ def nack_dead(conn: Conn, q: str, job_id: str) -> None:
     (("DEADLETTER", ""), "ERR DEADLETTER queue name must not be empty"),
     (("DEADTTL", -1), "ERR DEADTTL must be a number of seconds from 0 to 315360000"),
     (("DEADTTL", 315360001), "ERR DEADTTL must be a number of seconds from 0 to 315360000"),
+    (("BACKOFF", -1), "ERR BACKOFF must be a number of seconds from 0 to 315360000"),
+    (("BACKOFF", "1.5"), "ERR BACKOFF must be a number of seconds from 0 to 315360000"),
+    (("BACKOFF",), "ERR syntax error"),
     (("MAXNACKS",), "ERR syntax error"),
     (("DEADLETTER",), "ERR syntax error"),
 ])
@@ -55,13 +58,13 @@ def test_a_dead_letter_queue_equal_to_the_job_s_queue_is_refused(conn: Conn, q: 
     assert conn.cmd("QLEN", q) == 1
 
 
-def test_options_may_repeat_the_last_one_wins_and_show_has_44_items(conn: Conn, q: str) -> None:
+def test_options_may_repeat_the_last_one_wins_and_show_has_46_items(conn: Conn, q: str) -> None:
     job_id = add(conn, q, "body", "MAXNACKS", 9, "MAXNACKS", 3, "MAXDELIVERIES", 5,
                  "DEADLETTER", "x", "DEADLETTER", f"{q}-dead", "DEADTTL", 60)
     reply = conn.cmd("SHOW", job_id)
-    assert len(reply) == 44 and keys_of(reply) == SHOW_KEYS + DL_KEYS
+    assert len(reply) == 46 and keys_of(reply) == SHOW_KEYS + DL_KEYS
     s = show(conn, job_id)
-    assert (s["max-deliveries"], s["max-nacks"], s["redrives"]) == (5, 3, 0)
+    assert (s["max-deliveries"], s["max-nacks"], s["redrives"], s["backoff"]) == (5, 3, 0, 0)
     assert (s["deadletter-queue"], s["source-queue"]) == (f"{q}-dead".encode(), q.encode())
     assert s["deadletter-reason"] is None and s["deadletter-time"] is None
     plain = add(conn, q, "plain")
@@ -188,11 +191,13 @@ def test_a_dead_job_and_a_job_with_a_policy_survive_a_restart(make_server) -> No
     with Conn(p.port) as c:
         dead = add(c, "src", "dies", "MAXNACKS", 1, "DEADLETTER", "dlq", "DEADTTL", 7200,
                    "TTL", 600, "RETRY", 3)
-        alive = add(c, "src", "lives", "MAXDELIVERIES", 4, "DEADLETTER", "dlq", "RETRY", 3)
+        alive = add(c, "src", "lives", "MAXDELIVERIES", 4, "DEADLETTER", "dlq", "RETRY", 3,
+                    "BACKOFF", 60)
         c.cmd("GETJOB", "NOHANG", "FROM", "src")
         assert c.cmd("NACK", dead) == 1
         before = {j: show(c, j) for j in (dead, alive)}
     assert before[dead]["queue"] == b"dlq" and before[dead]["ttl"] > 7000
+    assert before[alive]["backoff"] == 60
     p.kill()
     p.start()
     with Conn(p.port) as c:

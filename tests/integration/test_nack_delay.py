@@ -59,3 +59,22 @@ def test_nack_delay_of_an_at_most_once_or_queued_job_does_nothing(conn: Conn, q:
     queued = conn.cmd("ADDJOB", q, "queued", 0)
     assert conn.cmd("NACK", queued, "DELAY", 3) == 0
     assert show(conn, queued)["state"] == b"queued"
+
+
+def test_a_nack_of_a_backoff_job_puts_it_off_longer_each_time(conn: Conn, q: str) -> None:
+    # BACKOFF 3: the k-th failed delivery waits min(3, 2^(k-1)) s x [0.5, 1), rounded up:
+    # 1 s, then 1-2 s, then 2-3 s (capped); a NACK ... DELAY 0 still requeues at once
+    job_id = conn.cmd("ADDJOB", q, "body", 0, "RETRY", 60, "BACKOFF", 3)
+    assert show(conn, job_id)["backoff"] == 3
+    for k, (low, high) in enumerate([(1, 1), (1, 2), (2, 3)], start=1):
+        assert fetch_one(conn, q) == job_id
+        assert conn.cmd("NACK", job_id) == 1
+        job = show(conn, job_id)
+        assert job["state"] == b"active" and job["nacks"] == k
+        assert (low - 1) * 1000 < job["next-requeue-within"] <= high * 1000, (k, job)
+        assert conn.cmd("QLEN", q) == 0
+        wait_for(lambda: conn.cmd("QLEN", q) == 1, timeout=10)
+    assert fetch_one(conn, q) == job_id
+    assert conn.cmd("NACK", job_id, "DELAY", 0) == 1
+    assert conn.cmd("QLEN", q) == 1 and show(conn, job_id)["nacks"] == 4
+    assert show(conn, job_id)["additional-deliveries"] == 0

@@ -597,9 +597,9 @@ def test_attempts_lost_reply_resends_a_safe_command_to_the_same_node_first():
 # ---------------------------------------------------------------------------- dead letters
 def test_addjob_and_addjobs_send_the_dead_letter_policy_when_given():
     call = calls.add_job("q", "b", 0, max_deliveries=5, max_nacks=3, deadletter="dead",
-                         deadttl=600)
+                         deadttl=600, backoff=120)
     assert call.args == ("ADDJOB", "q", "b", 0, "MAXDELIVERIES", 5, "MAXNACKS", 3,
-                         "DEADLETTER", "dead", "DEADTTL", 600)
+                         "DEADLETTER", "dead", "DEADTTL", 600, "BACKOFF", 120)
     assert calls.add_job("q", "b", 0, max_nacks=0).args[-2:] == ("MAXNACKS", 0)
     call = calls.add_jobs_batch("q", ["a", "b"], 0, max_nacks=2, deadletter=b"dead")
     assert call.args == ("ADDJOBS", "q", 0, "MAXNACKS", 2, "DEADLETTER", b"dead", "JOBS",
@@ -607,7 +607,7 @@ def test_addjob_and_addjobs_send_the_dead_letter_policy_when_given():
 
 
 @pytest.mark.parametrize("kw", [dict(max_deliveries=-1), dict(max_nacks=65536),
-                                dict(deadletter=""), dict(deadttl=-5)])
+                                dict(deadletter=""), dict(deadttl=-5), dict(backoff=-1)])
 def test_a_dead_letter_policy_every_node_refuses_is_refused_before_sending(kw):
     with pytest.raises(ValueError):
         calls.add_job("q", "b", **kw)
@@ -617,14 +617,13 @@ def test_a_dead_letter_policy_every_node_refuses_is_refused_before_sending(kw):
 
 def test_add_jobs_batches_and_their_addjob_fallback_carry_the_policy():
     support: dict[str, bool] = {}
-    b = batch(2, max_nacks=3, deadletter="dead", deadttl=60, support=support)
+    b = batch(2, max_nacks=3, deadletter="dead", deadttl=60, backoff=9, support=support)
     [cmd] = b.round_trip([0, 1], A)
-    assert cmd.args == ["ADDJOBS", "q", 100, "MAXNACKS", 3, "DEADLETTER", "dead",
-                        "DEADTTL", 60, "JOBS", b"b0", b"b1"]
+    opts = ["MAXNACKS", 3, "DEADLETTER", "dead", "DEADTTL", 60, "BACKOFF", 9]
+    assert cmd.args == ["ADDJOBS", "q", 100, *opts, "JOBS", b"b0", b"b1"]
     b.take(cmd, UNKNOWN, A)
     assert [c.args for c in b.round_trip([0, 1], A)] == [
-        ["ADDJOB", "q", b"b0", 100, "MAXNACKS", 3, "DEADLETTER", "dead", "DEADTTL", 60],
-        ["ADDJOB", "q", b"b1", 100, "MAXNACKS", 3, "DEADLETTER", "dead", "DEADTTL", 60]]
+        ["ADDJOB", "q", b"b0", 100, *opts], ["ADDJOB", "q", b"b1", 100, *opts]]
 
 
 def test_redrive_arguments_reply_and_it_is_never_resent_elsewhere():

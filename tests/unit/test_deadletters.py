@@ -424,3 +424,47 @@ def test_a_bad_dead_letter_field_in_an_aof_record_is_a_serialize_error() -> None
     rest = plain + struct.pack("<I", 99) + b"\x90"  # a length saying more than there is
     with pytest.raises(SerializeError, match="inconsistent"):
         deserialize_job(struct.pack("<I", len(rest)) + rest)
+
+
+@pytest.mark.parametrize(("backoff", "delivery", "random", "seconds"), [
+    (0, 5, 0.9, 0),  # no BACKOFF: a NACK requeues at once
+    (300, 1, 0.0, 1), (300, 1, 0.999, 1),  # ceil(1 x [0.5, 1))
+    (300, 2, 0.0, 1), (300, 2, 0.999, 2),
+    (300, 4, 0.0, 4), (300, 4, 0.5, 6), (300, 4, 0.999, 8),
+    (10, 9, 0.0, 5), (10, 9, 0.999, 10),  # capped at BACKOFF before the jitter
+    (10, 10_000, 0.5, 8),  # huge delivery counts do not overflow
+    (300, 0, 0.0, 1),  # a count of 0 (cannot happen) is the first delivery
+])
+def test_backoff_delay_doubles_per_delivery_up_to_the_cap_with_jitter(
+        backoff: int, delivery: int, random: float, seconds: int) -> None:
+    dl = DeadLetter(0, 0, DEAD, b"q", backoff=backoff)
+    assert dl.backoff_delay(delivery, random) == seconds
+
+
+def test_backoff_travels_as_a_9th_field_only_when_set() -> None:
+    plain = DeadLetter(1, 2, DEAD, b"q", 60)
+    assert len(plain.to_wire()) == 8 and DeadLetter.from_wire(plain.to_wire()) == plain
+    with_backoff = DeadLetter(1, 2, DEAD, b"q", 60, backoff=30)
+    assert with_backoff.to_wire()[8:] == [30]
+    assert DeadLetter.from_wire(with_backoff.to_wire()).backoff == 30
+    moved = with_backoff.moved(1, REASON_MAX_NACKS, 5)
+    assert moved.backoff == 30 and moved.moved(2, REASON_NONE, 6).backoff == 30
+    for bad in (-1, 315360001, "1"):
+        with pytest.raises(ValueError, match="backoff"):
+            DeadLetter.from_wire([1, 2, DEAD, b"q", 60, 0, 0, 0, bad])
+
+
+def test_a_nack_without_delay_of_a_backoff_job_is_a_nack_delay_of_its_backoff() -> None:
+    r = Rig()
+    job = r.queued_replica()
+    job.dl = DeadLetter(0, 0, DEAD, b"q", backoff=300)
+    job.nacks, job.deliveries = 2, 1  # this is its 4th delivery: 2^3 s x [0.5, 1)
+    r.node.dequeue(job)
+    now = r.now
+    assert r.node.nack_jobs([job.id]) == 1
+    assert job.state == ACTIVE and job.nacks == 3
+    assert now + 4000 <= job.qtime <= now + 8000
+    # DELAY 0 given: at once, whatever the backoff
+    r.node.enqueue(job)
+    r.node.dequeue(job)
+    assert r.node.nack_jobs([job.id], delay=0) == 1 and job.state == QUEUED
