@@ -992,7 +992,13 @@ class Node(ClusterJobs):
         """The per-job timer (original: processJob)."""
         job.awake = 0
         if now >= job.etime:
-            self.delete_job(job)
+            dl = job.dl
+            if (dl is not None and dl.dead_on_expiry() and job.state in (ACTIVE, QUEUED)
+                    and (job.retry or job.state == QUEUED)):
+                # (an at-most-once job only while it is still queued: never delivered)
+                self.deadletters.expired(job, now)
+            else:
+                self.delete_job(job)
             return
         qtime = job.qtime
         state = job.state

@@ -46,7 +46,7 @@ from disque.cluster.messages import (
     Queued,
     WillQueue,
 )
-from disque.jobs.deadletter import MAX_EPOCH, REASON_NONE
+from disque.jobs.deadletter import MAX_EPOCH, REASON_EXPIRED, REASON_NONE
 from disque.jobs.job import ACTIVE, F_BCAST_WILLQUEUE, F_NACK_DELAYED, QUEUED, Job
 from disque.timers import Timer
 
@@ -112,6 +112,20 @@ class DeadLetters:
             job.etime = max(job.etime, now + dl.deadttl * 1000)
         self.deadlettered += 1
         self._requeue(job, now, flags)
+
+    def expired(self, job: Job, now: int) -> None:
+        """The job's TTL ended while it was alive and its policy has a DEADTTL (original
+        issue #95): into its dead-letter queue, living DEADTTL more. Every holder's TTL ends
+        at the same moment, so each decides alone: a holder with the job queued dead-letters
+        it (queued in the dead-letter queue, the others told by QUEUED); one holding it
+        active (delivered, or a backup copy) only moves its copy there, kept active with its
+        requeue timer from now, as when it adopts another holder's state. If nobody had it
+        queued (a consumer held it), the first of those timers queues it in the dead-letter
+        queue."""
+        if job.state == QUEUED:
+            self.dead_letter(job, REASON_EXPIRED, now)
+        else:
+            self.adopt(job, min(job.dl.epoch + 1, MAX_EPOCH), REASON_EXPIRED, False)
 
     def redrive_job(self, job: Job, reset: bool, now: int) -> bool:
         """A dead job back into its source queue (a new epoch), counters reset if asked."""

@@ -194,7 +194,7 @@ def add_one_job(c: Any, queue: bytes, body: bytes, timeout: int, o: AddJobOption
                                          "MAXLEN count")
     dl = o.dl
     if dl is None and (node.deadletter_defaults_on or o.max_deliveries or o.max_nacks
-                       or o.deadletter is not None or o.backoff):
+                       or o.deadletter is not None or o.backoff or o.deadttl):
         dl = deadletter_policy(node, queue, o)
     job = node.add_job(queue, body, timeout, o.replicate, o.ttl, o.retry, o.delay, o.maxlen,
                        o.async_, dl)
@@ -213,7 +213,7 @@ def deadletter_policy(node: Any, queue: bytes, o: AddJobOptions) -> DeadLetter |
     and without DEADLETTER."""
     md = node.default_max_deliveries if o.max_deliveries is None else o.max_deliveries
     mn = node.default_max_nacks if o.max_nacks is None else o.max_nacks
-    if not md and not mn and o.deadletter is None and not o.backoff:
+    if not md and not mn and o.deadletter is None and not o.backoff and not o.deadttl:
         return None
     dlq = node.deadletter_queue if o.deadletter is None else o.deadletter
     if dlq == queue:

@@ -21,7 +21,8 @@ from typing import Any
 REASON_NONE = 0
 REASON_MAX_DELIVERIES = 1
 REASON_MAX_NACKS = 2
-REASON_NAMES = (None, b"max-deliveries", b"max-nacks")
+REASON_EXPIRED = 3  # its TTL ended while it was alive, and it has a DEADTTL
+REASON_NAMES = (None, b"max-deliveries", b"max-nacks", b"expired")
 MAX_EPOCH = (1 << 32) - 1
 MAX_BACKOFF = 315360000  # s (10 years, as every job time)
 
@@ -54,6 +55,12 @@ class DeadLetter:
                               self.deadttl, epoch, reason, now, self.backoff)
         return DeadLetter(self.max_deliveries, self.max_nacks, self.queue, self.source,
                           self.deadttl, epoch, backoff=self.backoff)
+
+    def dead_on_expiry(self) -> bool:
+        """Whether the job goes to its dead-letter queue when its TTL ends while it is still
+        alive (queued, or delivered and not acknowledged): with a DEADTTL, and not dead yet
+        (a dead job expires)."""
+        return bool(self.deadttl) and not self.epoch & 1
 
     def current_queue(self) -> bytes:
         return self.queue if self.epoch & 1 else self.source

@@ -145,3 +145,17 @@ def test_backoff_travels_with_the_job_and_its_nack_holds_on_every_holder(cluster
         wait_for(lambda: queued_on(c.nodes, job_id) == [Q], timeout=15)
     for p in c.nodes:
         assert show(p, job_id)["additional-deliveries"] == 0, p.port
+
+
+def test_a_job_whose_ttl_ends_alive_is_dead_lettered_once_across_its_holders(cluster) -> None:
+    c = cluster(3)
+    job_id = add(c[0], "REPLICATE", 3, "TTL", 3, "RETRY", 1, "DEADTTL", 60,
+                 "DEADLETTER", "dead")
+    # every holder's TTL ends at the same moment: one queued copy, in dead, on one node
+    wait_for(lambda: queued_on(c.nodes, job_id) == ["dead"], timeout=20)
+    wait_for(lambda: all(show(p, job_id)["queue"] == b"dead" for p in c.nodes))
+    holds_for(lambda: queued_on(c.nodes, job_id) == ["dead"], 3, "queued once, in dead")
+    for p in c.nodes:
+        s = show(p, job_id)
+        assert (s["deadletter-reason"], s["source-queue"]) == (b"expired", Q.encode())
+        assert s["ttl"] > 50, (p.port, s["ttl"])

@@ -213,3 +213,24 @@ def test_a_dead_job_and_a_job_with_a_policy_survive_a_restart(make_server) -> No
                  timeout=60)
         assert c.cmd("REDRIVE", "dlq", "ID", dead) == 1
         assert show(c, dead)["queue"] == b"src"
+
+
+def test_a_job_whose_ttl_ends_alive_goes_to_its_dead_letter_queue_with_a_deadttl(
+        conn: Conn, q: str) -> None:
+    # original issue #95: a job nobody processed in time is kept for inspection
+    kept = add(conn, q, "late", "TTL", 2, "RETRY", 1, "DEADTTL", 600,
+               "DEADLETTER", f"{q}-dead")
+    gone = add(conn, q, "gone", "TTL", 2, "RETRY", 1, "MAXNACKS", 5,
+               "DEADLETTER", f"{q}-dead")  # a policy without DEADTTL: it expires
+    plain_ttl = add(conn, q, "alone", "TTL", 2, "RETRY", 1, "DEADTTL", 600)  # default DLQ
+    wait_for(lambda: conn.cmd("QLEN", q) == 0, timeout=10)
+    s = show(conn, kept)
+    assert (s["queue"], s["state"]) == (f"{q}-dead".encode(), b"queued")
+    assert (s["deadletter-reason"], s["source-queue"]) == (b"expired", q.encode())
+    assert s["ttl"] > 590
+    assert show(conn, gone) is None
+    assert show(conn, plain_ttl)["queue"] == b"deadletter"
+    assert conn.cmd("QSTAT", q)[-2:] == [b"deadlettered", 2]
+    # redriven, it is alive again in its source queue (until its extended TTL)
+    assert conn.cmd("REDRIVE", f"{q}-dead", "ID", kept) == 1
+    assert show(conn, kept)["queue"] == q.encode()

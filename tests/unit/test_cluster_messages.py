@@ -408,7 +408,7 @@ def test_a_record_without_a_policy_has_the_11_fields_of_before() -> None:
 
 @pytest.mark.parametrize("field", [
     [1, 2], b"x", [0, 0, b"", b"q", 0, 0, 0, 0], [0, 0, b"d", b"q", -1, 0, 0, 0],
-    [0, 0, b"d", b"q", 0, 1 << 40, 0, 0], [0, 0, b"d", b"q", 0, 1, 3, 0],
+    [0, 0, b"d", b"q", 0, 1 << 40, 0, 0], [0, 0, b"d", b"q", 0, 1, 4, 0],
     [0, 0, b"d", "q", 0, 1, 1, 0], [0, 0, b"d", b"q", 0, 1, 1, 1.5]])
 def test_a_bad_dead_letter_field_is_a_protocol_error(field: object) -> None:
     for fields in (

@@ -30,6 +30,7 @@ from disque.cluster.messages import (
     WorkingJob,
 )
 from disque.jobs.deadletter import (
+    REASON_EXPIRED,
     REASON_MAX_DELIVERIES,
     REASON_MAX_NACKS,
     REASON_NONE,
@@ -468,3 +469,42 @@ def test_a_nack_without_delay_of_a_backoff_job_is_a_nack_delay_of_its_backoff() 
     r.node.enqueue(job)
     r.node.dequeue(job)
     assert r.node.nack_jobs([job.id], delay=0) == 1 and job.state == QUEUED
+
+
+# ---------------------------------------------------------------------------- expiry (#95)
+def test_a_queued_job_whose_ttl_ends_is_dead_lettered_with_a_deadttl() -> None:
+    r = Rig(peers=(A, B))
+    job = replica(r, policy(deadttl=600), queued=True, retry=20, ttl=60)
+    r.advance(job.etime - r.now + RES)
+    assert (job.state, job.queue) == (QUEUED, DEAD) and r.qlen(b"q") == 0
+    assert (job.dl.epoch, job.dl.reason) == (1, REASON_EXPIRED)
+    assert near(job.etime, r.now + 600_000, 2 * RES)
+    assert r.node.deadletters.deadlettered == 1
+    # the other holders are told, with the new state
+    assert {to for to, m in r.take() if type(m) is Queued and m.aux & bits(1)} >= {A}
+
+
+def test_an_active_copy_whose_ttl_ends_moves_as_a_backup_and_requeues_into_the_dlq() -> None:
+    r = Rig(peers=(A, B))
+    # a backup copy, not queued (its RETRY would end after its TTL)
+    job = replica(r, policy(deadttl=600), retry=100, ttl=60)
+    r.advance(job.etime - r.now + RES)
+    assert (job.state, job.queue, job.dl.reason) == (ACTIVE, DEAD, REASON_EXPIRED)
+    assert r.qlen(DEAD) == 0 and r.node.deadletters.deadlettered == 0
+    assert near(job.qtime, r.now + 100_000, 250 + RES)
+    r.advance(job.qtime - r.now + RES)  # nobody queued it meanwhile: into the DLQ here
+    assert (job.state, job.queue) == (QUEUED, DEAD) and r.qlen(b"q") == 0
+
+
+@pytest.mark.parametrize("case", ["no-deadttl", "dead", "at-most-once-delivered"])
+def test_other_jobs_whose_ttl_ends_expire(case: str) -> None:
+    r = Rig()
+    if case == "no-deadttl":
+        job = replica(r, policy(max_nacks=3), queued=True, retry=20, ttl=60)
+    elif case == "dead":
+        job = dead_here(r, ttl=60, retry=20)
+        job.dl = job.dl.moved(1, REASON_MAX_NACKS, r.now)
+    else:  # RETRY 0 delivered: queueing it again could deliver it twice
+        job = consumed(r, policy(deadttl=600), retry=0, ttl=60)
+    r.advance(job.etime - r.now + RES)
+    assert r.node.lookup_job(job.id) is None and r.qlen(DEAD) == 0
