@@ -133,6 +133,8 @@ class Node(ClusterJobs):
         self.repl_timer: ReplTimer | None = None  # the newest replications' timer
         self.repl_last: Any = None  # the newest REPLJOB sent, and to which nodes
         self.repl_last_targets: Sequence[bytes] = ()
+        # `delivered` lists shared by the jobs that have the same (see shared_delivered)
+        self._delivered: dict[tuple[bytes, ...], tuple[bytes, ...]] = {}
         self.rereplication = Rereplication(self)  # copies lost by restarted nodes, again
         self.waiting_queues: set[Queue] = set()  # queues with blocked GETJOB clients
         self.importing: set[Queue] = set()  # queues with a recent import rate
@@ -526,7 +528,8 @@ class Node(ClusterJobs):
             targets = [reachable[int(self._random() * len(reachable))]]
         else:
             targets = self.rng.sample(reachable, needed)
-        job.delivered = (() if external else self._self_only) + tuple(targets)
+        job.delivered = self.shared_delivered((() if external else self._self_only)
+                                              + tuple(targets))
         if async_ and external:
             self.start_replication(job, targets, True, True, now)  # never registered here
             job.state = ACTIVE  # not WAIT_REPL: the command layer must not wait for it
@@ -541,6 +544,18 @@ class Node(ClusterJobs):
             self.schedule_job(job)
         self.start_replication(job, targets, external, async_, now)
         return job
+
+    def shared_delivered(self, nodes: tuple[bytes, ...]) -> tuple[bytes, ...]:
+        """One tuple object for every job whose `delivered` list is `nodes`: with
+        replication most jobs list the same few nodes, and each tuple of three IDs held
+        per job would cost 64 bytes (tuples are immutable: a job whose list changes gets
+        a new one). A few hundred distinct lists at most are kept."""
+        shared = self._delivered.get(nodes)
+        if shared is None:
+            if len(self._delivered) >= 256:
+                self._delivered.clear()
+            shared = self._delivered[nodes] = nodes
+        return shared
 
     def activate(self, job: Job, now: int) -> None:
         """A new job with its copies made (or not needed): queue it, or wait out its

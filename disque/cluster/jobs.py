@@ -239,6 +239,7 @@ class ClusterJobs:
     repl_timer: ReplTimer | None
     repl_last: ReplJob | ReplJobsOut | None  # the newest REPLJOB sent (see start_replication)
     repl_last_targets: Sequence[bytes]
+    shared_delivered: Any
     rereplication: Any
     jobs: Any
     _jshards: Any
@@ -486,8 +487,8 @@ class ClusterJobs:
                 queue = q.name  # one shared bytes object for all the queue's jobs
             if rec_delivered is not last_delivered:
                 last_delivered = rec_delivered
-                delivered = rec_delivered if myself in rec_delivered \
-                    else rec_delivered + (myself,)
+                delivered = self.shared_delivered(
+                    rec_delivered if myself in rec_delivered else rec_delivered + (myself,))
                 # the WILLQUEUE 500 ms before a requeue, when others may hold the job
                 willqueue = 500 if len(delivered) > 1 else 0
             job = _new_job(Job)

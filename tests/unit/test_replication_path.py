@@ -192,3 +192,27 @@ def test_repljobs_to_nodes_drawn_at_random_stay_one_message_per_job() -> None:
         r.add_sync(replicate=2)
     out = r.take()
     assert len(out) == 4 and all(type(m) is ReplJob for _, m in out)
+
+
+# ---------------------------------------------------------------------------- delivered
+def test_jobs_listing_the_same_nodes_share_one_delivered_tuple() -> None:
+    r = Rig()
+    jobs = [r.add_sync(replicate=3)[0] for _ in range(2)] + [r.add(replicate=3, async_=True)]
+    assert jobs[0].delivered == (ME, A, B)
+    assert all(j.delivered is jobs[0].delivered for j in jobs)
+    # a replica: the copies of separate frames share theirs too
+    replica = Rig(myself=A, peers=(ME, B))
+    for _ in range(2):
+        replica.node.on_message(ME, ReplJob(hdr(ME), replica.record(delivered=(ME, B)), False))
+    held = list(replica.node.jobs.values())
+    assert held[0].delivered == (ME, B, A) and held[1].delivered is held[0].delivered
+    # a change makes a new tuple for that job only
+    r.node.on_gotjob(C, GotJob(hdr(C), jobs[0].id))
+    assert jobs[0].delivered == (ME, A, B, C) and jobs[1].delivered == (ME, A, B)
+
+
+def test_the_table_of_shared_delivered_tuples_stays_small() -> None:
+    node = Rig().node
+    for i in range(1000):
+        node.shared_delivered((ME, bytes([i % 256]) * 40, bytes([i // 256]) * 40))
+    assert len(node._delivered) <= 256
