@@ -38,9 +38,10 @@ ALLOWED = frozenset({
 CENSUS_SLICE = 5_000  # jobs counted between two yields to the event loop (~1 ms)
 # A census is reused while it is younger than CENSUS_REUSE times what it took to take (at
 # most CENSUS_MAX_AGE seconds): on a small registry every request counts afresh, on a big one
-# however many scrapers and dashboards poll, walking it costs the loop at most ~5% of its time.
-CENSUS_REUSE = 20
-CENSUS_MAX_AGE = 5.0
+# however many scrapers and dashboards poll, walking it costs the loop at most ~2% of its time
+# (a dashboard polling every second cost a loaded node 2-6% of its RESP rate at 20 and 5 s).
+CENSUS_REUSE = 50
+CENSUS_MAX_AGE = 15.0
 
 
 class CommandFailed(Exception):
@@ -254,7 +255,7 @@ class NodeView:
             shard = queues.shard(i)
             if not shard:
                 continue
-            for q in list(shard.values()):
+            for q in shard.values():  # (no await inside a shard: it cannot change)
                 table.count += 1
                 totals["added"] += q.added
                 totals["acked"] += q.acked
@@ -301,7 +302,7 @@ class NodeView:
             shard = jobs.shard(i)
             if not shard:
                 continue
-            for job in list(shard.values()):
+            for job in shard.values():  # (no await inside a shard: it cannot change)
                 counts[job.state] += 1
                 if job.state == 1 and job.queue is not None:  # ACTIVE
                     active[job.queue] = active.get(job.queue, 0) + 1

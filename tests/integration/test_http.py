@@ -161,7 +161,7 @@ def test_metrics_parse_and_match_info_and_qstat_under_load(hnode: DisqueProcess,
         total = sum(s.value for s in f["disque_jobs"].samples)
         return f if total == int(inf["registered_jobs"]) else {}
 
-    later = wait_for(census_matches, timeout=10, what="disque_jobs to add up to INFO's")
+    later = wait_for(census_matches, timeout=20, what="disque_jobs to add up to INFO's")
     assert sample(later, "disque_jobs", state="queued") == qlen
     assert sample(later, "disque_jobs", state="active") == int(inf["registered_jobs"]) - qlen
     assert sample(later, "disque_queue_active_jobs", queue=q) == int(inf["registered_jobs"]) - qlen
