@@ -230,6 +230,11 @@ class Node(ClusterJobs):
         """Estimated bytes held: a fixed base, each job (JOB_MEMORY + body) and queue."""
         return self.mem_used
 
+    def above_copy_limit(self) -> bool:
+        """Above 75% of maxmemory: this node holds no more copies of other nodes' jobs (it
+        refuses REPLJOB) and its own new jobs are replicated externally (memory_level 1+)."""
+        return bool(self._maxmemory) and self.mem_used * 4 > self._maxmemory * 3
+
     def memory_level(self) -> int:
         """0 normal; 1 above 75% of maxmemory; 2 above 95%; 3 above 100%."""
         if not self.maxmemory:
@@ -453,7 +458,7 @@ class Node(ClusterJobs):
         reachable: tuple[bytes, ...] = ()
         if clustered:
             reachable = m.reachable()
-            if self._maxmemory and self.mem_used * 4 > self._maxmemory * 3:
+            if self.above_copy_limit():
                 external = True
         needed = repl if external else repl - 1
         if needed > len(reachable):

@@ -240,6 +240,7 @@ class ClusterJobs:
     repl_last: ReplJob | ReplJobsOut | None  # the newest REPLJOB sent (see start_replication)
     repl_last_targets: Sequence[bytes]
     shared_delivered: Any
+    above_copy_limit: Any
     rereplication: Any
     jobs: Any
     _jshards: Any
@@ -437,18 +438,17 @@ class ClusterJobs:
 
     def on_repljob(self, sender: bytes, msg: ReplJob) -> None:
         """ON RECV REPLJOB: hold a copy (or merge `delivered`) and confirm with GOTJOB."""
-        if self.leaving or (self._maxmemory and self.mem_used * 4 > self._maxmemory * 3):
-            return  # refused (memory above 75%): no GOTJOB, the sender tries another node
-        held = self.hold_copies((msg.job,), self.clock())
-        if held and not msg.noreply:
-            self.send(sender, GotJob(self.header(), held[0]))
+        self.hold_and_confirm(sender, (msg.job,), msg.noreply)
 
     def on_repljob_batch(self, sender: bytes, msg: ReplJobBatch) -> None:
         """REPLJOB for the jobs of one frame: the same, answered with one GOTJOB frame."""
-        if self.leaving or (self._maxmemory and self.mem_used * 4 > self._maxmemory * 3):
-            return
-        held = self.hold_copies(msg.items, self.clock())
-        if held and not msg.key:  # key: noreply
+        self.hold_and_confirm(sender, msg.items, msg.key)  # key: noreply
+
+    def hold_and_confirm(self, sender: bytes, recs: Any, noreply: bool) -> None:
+        if self.leaving or self.above_copy_limit():
+            return  # refused: no GOTJOB, the sender tries another node
+        held = self.hold_copies(recs, self.clock())
+        if held and not noreply:
             self.send(sender, GotJobBatch(self.header(), held, 0) if len(held) > 1
                       else GotJob(self.header(), held[0]))
 
