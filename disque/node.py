@@ -880,20 +880,24 @@ class Node(ClusterJobs):
                     self.deadletters.check(job, self.clock(), nack=True):
                 moved += 1  # over its limit: into its dead-letter queue instead
                 continue
+            if job.qtime == 0:
+                continue  # never queued again (enqueue refuses it)
+            # counters first: enqueue may hand the job at once to a blocked GETJOB, whose
+            # WITHCOUNTERS reply must include them
             requeued = job.flags & F_BCAST_QUEUED
-            if self.enqueue(job):
-                moved += 1
-                if nack:
-                    job.nacks += 1
-                    self.count_nacked(job)
-                    flags = QUEUED_INCR_NACKS
-                elif requeued:
-                    job.deliveries += 1
-                    flags = QUEUED_INCR_DELIV
-                else:
-                    flags = 0
-                if self.membership is not None and (nack or requeued):
-                    self.broadcast_queued(job, flags)
+            if nack:
+                job.nacks += 1
+                self.count_nacked(job)
+                flags = QUEUED_INCR_NACKS
+            elif requeued:
+                job.deliveries += 1
+                flags = QUEUED_INCR_DELIV
+            else:
+                flags = 0
+            self.enqueue(job)
+            moved += 1
+            if self.membership is not None and (nack or requeued):
+                self.broadcast_queued(job, flags)
         return moved
 
     def nack_jobs(self, ids: Iterable[bytes], delay: int | None = None) -> int:

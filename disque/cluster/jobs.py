@@ -608,8 +608,14 @@ class ClusterJobs:
         requeued = job.flags & F_BCAST_QUEUED or job.id[2:10] != self.myself[:8]
         if requeued and job.dl is not None and self.deadletters.check(job, now, nack=False):
             return  # over its limit: into its dead-letter queue instead
-        if self.enqueue(job, now) and requeued:
+        if job.state != ACTIVE or not job.qtime:
+            return  # (what enqueue refuses)
+        if requeued:
+            # counted first: enqueue may hand the job at once to a blocked GETJOB, whose
+            # WITHCOUNTERS reply must include this delivery
             job.deliveries += 1
+        self.enqueue(job, now)
+        if requeued:
             others = self.others(job)
             if others:
                 msg = Queued(self.header(), job.id, QUEUED_INCR_DELIV | state_bits(job))
