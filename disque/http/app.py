@@ -158,7 +158,7 @@ async def api_node(request: web.Request) -> web.Response:
     table = await view.queue_table(0, census.active_by_queue)
     return _json({
         "myself": view.myself(), "info": view.info(), "jobs": census.by_state,
-        "queues": table.count, "totals": table.totals, "time": time.time(),
+        "census_age": view.census_age(), "queues": table.count, "totals": table.totals, "time": time.time(),
     })
 
 

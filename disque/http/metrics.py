@@ -109,6 +109,9 @@ class DisqueCollector:
         for state, n in census.by_state.items():
             jobs.add_metric([state], n)
         yield jobs
+        yield GaugeMetricFamily("disque_census_age_seconds",
+                                "Age of the registry census behind disque_jobs and "
+                                "disque_queue_active_jobs.", value=self.view.census_age())
         table = self.table
         shown = table.queues
         yield GaugeMetricFamily("disque_queues", "Queue objects on this node.",

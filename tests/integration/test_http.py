@@ -155,7 +155,8 @@ def test_metrics_parse_and_match_info_and_qstat_under_load(hnode: DisqueProcess,
     assert sample(fams, "disque_queue_blocked_clients", queue=q) == 0
     assert sample(fams, "disque_queue_oldest_job_age_seconds", queue=q) >= 0
     # node: INFO's numbers. Jobs by state come from a census of the registry that scrapes
-    # within CENSUS_MAX_AGE share, so the node being idle now, the next one matches.
+    # share for a while (CENSUS_REUSE), so the node being idle now, a later one matches.
+    assert sample(fams, "disque_census_age_seconds") >= 0
     def census_matches() -> dict[str, Any]:
         f = scrape(port)
         total = sum(s.value for s in f["disque_jobs"].samples)
@@ -251,6 +252,7 @@ def test_api_reads_node_queues_queue_and_job(hnode: DisqueProcess, q: str) -> No
     node = get_json(port, "/api/node")
     assert node["myself"]["port"] == hnode.port
     assert node["info"]["Jobs"]["registered_jobs"] >= 3
+    assert isinstance(node["census_age"], float) and node["census_age"] >= 0
     queues = {x["name"]: x for x in get_json(port, "/api/queues")["queues"]}
     assert queues[q]["len"] == 2 and queues[q]["active"] == 1 and queues[q]["added"] == 3
     one = get_json(port, f"/api/queues/{q}")
