@@ -158,7 +158,8 @@ async def api_node(request: web.Request) -> web.Response:
     table = await view.queue_table(0, census.active_by_queue)
     return _json({
         "myself": view.myself(), "info": view.info(), "jobs": census.by_state,
-        "census_age": view.census_age(), "queues": table.count, "totals": table.totals, "time": time.time(),
+        "census_age": view.census_age(), "queues": table.count, "totals": table.totals,
+        "time": time.time(),
     })
 
 
@@ -359,6 +360,7 @@ def make_app(view: NodeView) -> web.Application:
     app.router.add_post("/api/jobs/{action}", api_jobs_action)
 
     async def on_cleanup(app: web.Application) -> None:
+        app[VIEW].close()
         await app[PEERS].close()
 
     app.on_cleanup.append(on_cleanup)

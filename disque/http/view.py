@@ -299,6 +299,12 @@ class NodeView:
             return c
         return await asyncio.shield(self._census_task)
 
+    def close(self) -> None:
+        """The HTTP side stops: a census walking in the background stops too."""
+        task = self._census_task
+        if task is not None and not task.done():
+            task.cancel()
+
     def census_age(self) -> float:
         """Seconds since the last census ended (0 before the first)."""
         c = self._census

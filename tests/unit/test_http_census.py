@@ -6,6 +6,7 @@ the previous census (issue 14: a dashboard polling every second must not tax a l
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from types import SimpleNamespace
@@ -86,5 +87,14 @@ def test_a_big_registry_is_walked_paced_in_the_background_while_callers_get_the_
         assert paced_wall > unpaced_wall or fresh.cost == 0
         assert await view.census() is fresh
         assert view.census_age() < 5
+        # The HTTP side stopping stops a walk under way.
+        await asyncio.sleep(fresh.cost * view_mod.CENSUS_REUSE)
+        assert await view.census() is fresh
+        walk = view._census_task
+        assert walk is not None and not walk.done()
+        view.close()
+        with contextlib.suppress(asyncio.CancelledError):
+            await walk
+        assert walk.cancelled()
 
     asyncio.run(go())
