@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import heapq
 import random
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -160,8 +161,10 @@ class Node(ClusterJobs):
         # the bus, FASTACK), oldest first, at most COLLECTED_MAX: what lets this node tell a
         # reloaded copy "collected, drop it" rather than "unknown here" (a local DELJOB, a
         # copy never received). Past the cap the answer is "unknown": at worst a delivery
-        # after the ACK, never a lost job.
-        self.collected: dict[bytes, None] = {}
+        # after the ACK, never a lost job. (An OrderedDict: dropping a plain dict's first key
+        # over and over makes each next(iter()) skip every slot deleted before it, ~60 us
+        # per collected job once the cap is reached.)
+        self.collected: OrderedDict[bytes, None] = OrderedDict()
         self.set_deadletter_defaults(0, 0, b"deadletter")
         self.redrive_rate = 1000  # jobs/s of a REDRIVE without RATE (redrive-rate)
 
@@ -329,7 +332,7 @@ class Node(ClusterJobs):
         collected = self.collected
         collected[job_id] = None
         if len(collected) > COLLECTED_MAX:
-            del collected[next(iter(collected))]
+            collected.popitem(last=False)
 
     def delete_job(self, job: Job) -> None:
         """Unregister, logging the deletion when the AOF holds the job."""
