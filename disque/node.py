@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from disque.cluster.deadletters import DeadLetters
-from disque.cluster.jobs import ClusterJobs, Replication, ReplTimer
+from disque.cluster.jobs import RESPONDER_VALID_MS, ClusterJobs, Replication, ReplTimer
 from disque.cluster.messages import QUEUED_INCR_DELIV, QUEUED_INCR_NACKS, DelJob, Message
 from disque.cluster.nodes import ClusterNode
 from disque.cluster.rereplication import Rereplication
@@ -215,8 +215,10 @@ class Node(ClusterJobs):
                 ("cluster_stats_messages_sent", 0), ("cluster_stats_messages_received", 0)]
 
     def import_sources(self, q: Queue) -> list[bytes]:
-        """Nodes that recently gave us jobs for `q` (QSTAT import-from)."""
-        return list(q.needjobs_responders)
+        """Nodes that gave us jobs for `q` in the last RESPONDER_VALID_MS (QSTAT
+        import-from; need_jobs forgets older ones only when it is about to ask)."""
+        now = self.clock()
+        return [n for n, t in q.needjobs_responders.items() if now - t <= RESPONDER_VALID_MS]
 
 
     # ------------------------------------------------------------------ memory

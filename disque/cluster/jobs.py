@@ -827,8 +827,14 @@ class ClusterJobs:
         """Ask other nodes for jobs of `q` (NEEDJOBS), within the backoffs."""
         if self.leaving or self.membership is None or self.cluster_size() < 2:
             return
-        if reached_zero and not q.import_rate:
-            return  # only an active import flow is worth asking at once (original)
+        if reached_zero:
+            if not q.import_rate:
+                return  # only an active import flow is worth asking at once (original)
+        elif (now - q.needjobs_bcast_time
+              < min(NEEDJOBS_BCAST_MS << q.needjobs_bcast_attempt, NEEDJOBS_BCAST_MAX_MS)
+              and now - q.needjobs_adhoc_time
+              < min(NEEDJOBS_ADHOC_MS << q.needjobs_adhoc_attempt, NEEDJOBS_ADHOC_MAX_MS)):
+            return  # within both backoffs: nothing to send (every empty GETJOB comes here)
         responders = q.needjobs_responders
         for n, t in list(responders.items()):
             if now - t > RESPONDER_VALID_MS:

@@ -1133,6 +1133,21 @@ def test_sources_are_forgotten_after_5_s() -> None:
     assert r.take() == [] and q.needjobs_responders == {}
 
 
+def test_needjobs_within_both_backoffs_sends_nothing_and_qstat_hides_stale_sources() -> None:
+    r = Rig(peers=(A, B))
+    q = r.node.create_queue(b"q")
+    q.needjobs_bcast_time = q.needjobs_adhoc_time = r.now
+    fresh(q, A, r.now - RESPONDER_VALID_MS - 1)
+    fresh(q, B, r.now)
+    r.node.need_jobs(q, r.now + 1)  # both backoffs running: nothing due
+    assert r.take() == []
+    assert r.node.import_sources(q) == [B]  # (A gave jobs over 5 s ago)
+    r.now += 25  # the ad hoc backoff has passed: B is asked, A forgotten
+    r.node.need_jobs(q, r.now)
+    assert [n for n, _ in needjobs(r.take())] == [B]
+    assert list(q.needjobs_responders) == [B]
+
+
 def test_a_leaving_node_never_asks_for_jobs() -> None:
     r = Rig(peers=(A, B))
     q = r.node.create_queue(b"q")
