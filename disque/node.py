@@ -327,7 +327,7 @@ class Node(ClusterJobs):
                 self.note_collected(job.id)
                 if self.persist is not None:
                     self.persist.deljob(job.id)  # its acked record (see ack_job) is done
-        job.awake = 0
+        self.wheel.cancel(job)  # (the wheel keeps no reference to a deleted job)
 
     def note_collected(self, job_id: bytes) -> None:
         """Remember that `job_id` was acknowledged and forgotten here (see `collected`)."""
@@ -747,7 +747,7 @@ class Node(ClusterJobs):
         if removed:
             self.blocked -= 1
         if waiter.timer is not None:
-            waiter.timer.cancel()
+            self.wheel.cancel(waiter.timer)
             waiter.timer.callback = _no_callback  # the closure holds the waiter: no cycle
             waiter.timer = None
 
@@ -1099,7 +1099,7 @@ class Node(ClusterJobs):
                 self.unblock(waiter)
                 waiter.on_timeout()
         for job in list(self.jobs.values()):
-            job.awake = 0
+            self.wheel.cancel(job)
             if (job.state in (ACTIVE, QUEUED) or job.state == ACKED
                     and not job.flags & F_DUMMY) and self.persist is not None:
                 self.persist.deljob(job.id)

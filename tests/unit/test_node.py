@@ -1033,3 +1033,47 @@ class NodeMachine(RuleBasedStateMachine):
 def test_node_invariants_hold_under_random_commands_and_time():
     run_state_machine_as_test(
         NodeMachine, settings=settings(max_examples=60, stateful_step_count=40, deadline=None))
+
+
+# ---------------------------------------------------------------------------- the timer wheel
+# A job's wheel entry (its RETRY time, or its TTL when RETRY is 0: up to days away) must
+# leave the wheel with the job: a wheel that kept deleted jobs until their time came held
+# every acked job of the last RETRY seconds (5 minutes by default, a day at RETRY 0) in
+# memory, unseen by used_memory and maxmemory (~450 B each: GBs on a busy node).
+
+@pytest.mark.parametrize("retry", [None, 0])
+def test_deleted_jobs_leave_the_timer_wheel(sim: Sim, retry: int | None) -> None:
+    base = len(sim.node.wheel)  # the node's own timers
+    for _ in range(500):
+        sim.add(retry=retry)
+        [job] = sim.node.get_jobs([b"q"], 1)
+        sim.node.ack_job(job)  # a lone node collects an acked job a second later
+        sim.advance(1)
+    sim.advance(10_000)
+    assert len(sim.node.jobs) == 0
+    assert len(sim.node.wheel) == base
+    for _ in range(200):  # and deleted while queued (DELJOB)
+        sim.node.delete_job(sim.add(retry=retry))
+    assert len(sim.node.wheel) == base
+
+
+def test_a_served_blocked_client_leaves_no_timer_in_the_wheel(sim: Sim) -> None:
+    base = len(sim.node.wheel)
+    for _ in range(300):
+        w = getjob(sim, [b"q"], timeout=3_600_000)  # an hour
+        assert isinstance(w, Rec)
+        sim.add()
+        assert w.log and w.log[0][0] == "jobs"
+        [jid] = w.log[0][1]
+        sim.node.ack_job(sim.node.lookup_job(jid))
+    sim.advance(10_000)  # the acked jobs collected; the hour-long timeouts still ahead
+    assert len(sim.node.jobs) == 0
+    assert len(sim.node.wheel) == base
+
+
+def test_flushall_empties_the_timer_wheel_of_jobs(sim: Sim) -> None:
+    base = len(sim.node.wheel)
+    for _ in range(100):
+        sim.add()
+    sim.node.flushall()
+    assert len(sim.node.wheel) == base

@@ -9,12 +9,13 @@ from disque.timers import RES, Timer, TimerWheel
 
 
 class E:
-    """A wheel entry, as jobs and Timers are: just an `awake` attribute."""
+    """A wheel entry, as jobs and Timers are: `awake` and `wpos` attributes."""
 
-    __slots__ = ("awake", "when", "sched_at", "name")
+    __slots__ = ("awake", "wpos", "when", "sched_at", "name")
 
     def __init__(self, name: object = None) -> None:
         self.awake = 0
+        self.wpos = 0
         self.name = name
 
     def __repr__(self) -> str:
@@ -65,35 +66,91 @@ def test_due_returns_several_buckets_in_time_order():
     assert len(w) == 0
 
 
-def test_len_counts_scheduled_copies():
+def test_rescheduling_moves_the_entry():
     w = TimerWheel()
     e = E()
     w.schedule(e, 10)
     w.schedule(e, 50)
-    assert len(w) == 2
+    assert len(w) == 1
+    assert w.due(49) == []
+    assert w.due(50) == [e] and e.awake == 50
 
 
-def test_rescheduling_later_leaves_a_stale_copy_the_owner_can_detect():
-    w = TimerWheel()
-    e = E()
-    w.schedule(e, 100)
-    w.schedule(e, 200)
-    assert e.awake == 200
-    fired = w.due(100)
-    assert fired == [e]
-    assert e.awake > 100  # stale: the owner skips it
-    assert w.due(199) == []
-    assert w.due(200) == [e] and e.awake == 200  # the live copy
-
-
-def test_rescheduling_earlier_fires_early_copy_then_a_stale_one():
+def test_rescheduling_earlier_fires_once_at_the_earlier_time():
     w = TimerWheel()
     e = E()
     w.schedule(e, 200)
     w.schedule(e, 100)
-    assert w.due(100) == [e] and e.awake == 100  # live
+    assert w.due(100) == [e] and e.awake == 100
     e.awake = 0  # the owner handled it
-    assert w.due(200) == [e] and e.awake == 0  # stale copy: awake 0 says "not scheduled"
+    assert w.due(200) == []
+
+
+def test_cancel_takes_the_entry_out():
+    w = TimerWheel()
+    a, b = E("a"), E("b")
+    w.schedule(a, 30)
+    w.schedule(b, 30)
+    w.cancel(a)
+    assert a.awake == 0 and len(w) == 1
+    w.cancel(a)  # twice: nothing more
+    assert w.due(30) == [b]
+    w.cancel(b)  # after it came out: only clears awake
+    assert b.awake == 0 and len(w) == 0
+
+
+def test_cancel_of_every_entry_drops_the_bucket_and_its_references():
+    w = TimerWheel()
+    es = [E(i) for i in range(100)]
+    for e in es:
+        w.schedule(e, 1_000_000)
+    for e in es:
+        w.cancel(e)
+    assert len(w) == 0 and not w._buckets
+    assert w.due(10**9) == []
+    assert w.next_due() is None
+
+
+def test_a_mostly_cancelled_bucket_is_compacted_and_its_survivors_still_cancellable():
+    w = TimerWheel()
+    es = [E(i) for i in range(100)]
+    for e in es:
+        w.schedule(e, 500)
+    for e in es[::2]:
+        w.cancel(e)
+    assert len(w) == 50
+    [bucket] = w._buckets.values()
+    assert None not in bucket and len(bucket) == 50  # compacted
+    for e in es[1:20:2]:
+        w.cancel(e)  # positions updated by the compaction
+    assert len(w) == 40
+    assert w.due(500) == es[21::2]
+
+
+def test_dropped_buckets_do_not_pile_up_in_the_heap():
+    w = TimerWheel()
+    keep = E("keep")
+    w.schedule(keep, 10**9)
+    for i in range(20_000):  # each in its own bucket, cancelled: a far TTL, then ACK
+        e = E(i)
+        w.schedule(e, 1_000 + i * RES * 3)
+        w.cancel(e)
+    assert len(w._heap) <= 1100
+    assert w.next_due() is not None
+    assert w.due(10**9) == [keep]
+    assert w.next_due() is None
+
+
+def test_an_entry_cleared_without_cancel_comes_out_stale_and_can_be_rescheduled():
+    w = TimerWheel()
+    e = E()
+    w.schedule(e, 100)
+    e.awake = 0  # as an owner that forgets the entry without telling the wheel
+    w.schedule(e, 300)  # the old copy stays where it was
+    assert len(w) == 2
+    assert w.due(100) == [e] and e.awake == 300  # stale: the owner's check skips it
+    w.cancel(e)
+    assert len(w) == 0 and w.due(300) == []
 
 
 def test_scheduling_in_the_past_after_due_fires_in_the_next_bucket():
@@ -120,14 +177,17 @@ def test_scheduling_now_right_after_due_of_same_bucket_is_not_lost():
     assert w.due(15) == [b]
 
 
-def test_timer_cancel_clears_awake():
+def test_timer_cancel_clears_awake_and_the_wheel_cancel_drops_it():
     t = Timer(lambda now: None)
     w = TimerWheel()
     w.schedule(t, 30)
     assert t.awake == 30
     t.cancel()
     assert t.awake == 0
-    assert w.due(30) == [t]  # the copy still comes out; awake 0 marks it dead
+    assert w.due(30) == [t]  # still in the wheel: awake 0 marks it dead
+    w.schedule(t, 60)
+    w.cancel(t)
+    assert t.awake == 0 and w.due(60) == []
 
 
 def test_clear_drops_everything():
@@ -201,3 +261,51 @@ def test_rescheduled_entries_fire_once_per_live_schedule_with_owner_check(start,
                 if t is not None:
                     when, sched_at = t
                     assert now < max(when, sched_at) + RES, f"entry {i} is late"
+
+
+@settings(max_examples=500, deadline=None)
+@given(start=st.integers(0, 10_000),
+       spread=st.sampled_from([4, 60]),
+       ops=st.lists(st.tuples(st.sampled_from(["schedule"] * 3 + ["cancel"] * 2 + ["advance"]),
+                              st.integers(0, 39), st.integers(-30, 400)),
+                    min_size=20, max_size=300))
+def test_schedule_cancel_and_due_keep_the_contract(start, spread, ops):
+    """Whatever the order of schedules (moves), cancels and dues, an entry comes out once
+    per schedule, never early, at most RES ms late, never once cancelled or moved away,
+    and len() counts the entries scheduled; compaction and dropped buckets included
+    (compaction from 4 entries here, to reach it often)."""
+    import disque.timers as timers
+    saved = timers._COMPACT_MIN
+    timers._COMPACT_MIN = 4
+    try:
+        _contract_run(start, spread, ops)
+    finally:
+        timers._COMPACT_MIN = saved
+
+
+def _contract_run(start: int, spread: int, ops: list[tuple[str, int, int]]) -> None:
+    w = TimerWheel()
+    entries = [E(i) for i in range(40)]
+    model: dict[int, tuple[int, int]] = {}  # entry -> (when, scheduled at)
+    now = start
+    for kind, idx, value in ops:
+        e = entries[idx]
+        if kind == "schedule":
+            when = max(1, now + value % spread)  # few buckets: many entries per bucket
+            w.schedule(e, when)
+            model[idx] = (when, now)
+        elif kind == "cancel":
+            w.cancel(e)
+            model.pop(idx, None)
+            assert e.awake == 0
+        else:
+            now += abs(value) % 31
+            for x in w.due(now):
+                assert x.name in model, "a cancelled or moved entry came out"
+                when, _ = model.pop(x.name)
+                assert x.awake == when and now >= when, "fired early"
+                x.awake = 0  # the owner ran it
+            for when, at in model.values():
+                assert now < max(when, at) + RES, "more than RES ms late"
+        assert len(w) == len(model)
+    assert sorted(x.name for x in w.due(now + 10_000)) == sorted(model)
