@@ -137,6 +137,10 @@ class TimerWheel:
             self._fired = key
         return out
 
+    def entries(self) -> list[Any]:
+        """Every entry in the wheel, in no particular order."""
+        return [e for b in self._buckets.values() for e in b if e is not None]
+
     def __len__(self) -> int:
         return sum(len(b) - b.holes for b in self._buckets.values())
 

@@ -35,6 +35,7 @@ import time
 import traceback
 from typing import Any
 
+from disque.jobs.job import Job
 from tests.sim.cluster import SimCluster
 
 N = 3
@@ -145,6 +146,11 @@ def run_schedule(seed: int, schedule: list[Any], delay: tuple[int, int], consume
         assert len(net.deliveries[j]) <= 1, ("at-most-once delivered twice", j,
                                              net.deliveries[j])
     net.check_all()
+    for i in range(N):  # and no deleted job left in a timer wheel
+        node = net.live_node(i)
+        if node is not None:
+            kept = [e for e in node.wheel.entries() if isinstance(e, Job)]
+            assert not kept, ("deleted jobs in the timer wheel", i, kept[:3])
     for w in workers:
         w.stop()
 
