@@ -140,7 +140,7 @@ class ReplTimer:
     over simply leaves `node.replicating`; the timer skips it, and goes when none is
     left."""
 
-    __slots__ = ("node", "reps", "started", "deadline", "next_tick", "awake", "wpos")
+    __slots__ = ("node", "reps", "started", "deadline", "next_tick", "awake")
 
     def __init__(self, node: Any, started: int, deadline: int) -> None:
         self.node = node
@@ -149,7 +149,6 @@ class ReplTimer:
         self.deadline = deadline  # ms: the ADDJOB timeout (0: none)
         self.next_tick = started + REPL_RETRY_MS  # ms: one more target then, while short
         self.awake = 0
-        self.wpos = 0
 
     def wake_at(self) -> int:
         """The next retry tick, or the timeout if it comes first."""
@@ -520,7 +519,7 @@ class ClusterJobs:
             job.confirmed = ()
             job.gc_retry = 0
             job.dl = dl
-            job.awake = 0  # (not scheduled yet: schedule() sets it, and wpos)
+            job.awake = 0  # (not scheduled yet: schedule() sets it)
             if retry:
                 job.qtime = qtime = (now + (delay + retry) * 1000
                                      + int(random() * 500) - 250)

@@ -35,7 +35,7 @@ class Job:
 
     __slots__ = ("id", "queue", "body", "state", "flags", "repl", "ctime", "etime", "delay",
                  "retry", "nacks", "deliveries", "delivered", "confirmed", "qtime", "awake",
-                 "wpos", "gc_retry", "dl")
+                 "gc_retry", "dl")
 
     def __init__(self, job_id: bytes, queue: bytes | None, body: bytes | None, repl: int,
                  ctime: int, etime: int, delay: int, retry: int,
@@ -56,7 +56,6 @@ class Job:
         self.confirmed: tuple[bytes, ...] = ()
         self.qtime = 0  # ms: next (re)queue on this node, 0 = never
         self.awake = 0  # ms: when the timer wheel looks at the job next, 0 = not scheduled
-        self.wpos = 0  # its place in the wheel's bucket (disque.timers)
         self.gc_retry = 0
         self.dl: Any = None  # DeadLetter (disque.jobs.deadletter) or None
 
