@@ -11,7 +11,11 @@ Scenarios (pick with `--only`):
 - cluster: 3 fresh disque-py nodes joined with CLUSTER MEET: `ADDJOB ... REPLICATE 3` sync
   and ASYNC, and REPLICATE 2, from 50 connections spread over the nodes (one
   redis-benchmark per node, run in parallel), and produce-on-one-node / consume-on-another (GETJOB + ACKJOB) with loadgen.py,
-  so every job crosses the cluster bus. There is no redis-server equivalent.
+  so every job crosses the cluster bus. There is no redis-server equivalent. Then a soak
+  row, disque-py only: produce on one node / consume on another for `--soak-jobs` jobs
+  (default 300000, quick 150000: past the 100,000 IDs of acked jobs a node remembers), with
+  each node's RSS growth per acked job in its note: a cost or a memory that grows with the
+  jobs a node has seen, not with those it holds, shows here and in no short row.
 - restart: a node of 3 killed and restarted, ms until both peers see it again (benchmarks/restart.py).
 - memory: a fresh node gets `--jobs-for-memory` jobs with 16-byte bodies; the growth of INFO
   `used_memory` and `used_memory_rss` over the empty node, per job (and the same for a fresh
@@ -275,6 +279,7 @@ class Options:
     cluster_n: int = 30_000
     cluster_e2e_jobs: int = 20_000
     n_pipelined: int = 1_000_000
+    soak_jobs: int = 300_000
 
     def requests(self, pipeline: int) -> int:
         """Requests per load: pipelined loads get more, so redis-server's run lasts about a
@@ -533,6 +538,19 @@ CLUSTER_E2E_LOADS = [  # key, label, requests in flight per connection
     ("cluster_e2e_p1", "3 nodes add A->get B P1", 1),
     ("cluster_e2e_p16", "3 nodes add A->get B P16", 16),
 ]
+SOAK_KEY, SOAK_LABEL = "cluster_soak_p16", "3 nodes A->B P16 soak"
+
+
+def _rss_bytes(server: Server) -> int:
+    """A running server's resident set (0 when unknown)."""
+    try:
+        with open(f"/proc/{server.proc.pid}/status") as f:  # type: ignore[union-attr]
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, AttributeError, ValueError):
+        pass
+    return 0
 
 
 def scenario_cluster(workdir: Path, cpus: set[int] | None, o: Options, raw: dict[str, Any],
@@ -542,9 +560,10 @@ def scenario_cluster(workdir: Path, cpus: set[int] | None, o: Options, raw: dict
     FLUSHALL). With `original_cmd` the same loads then run on three original nodes, started
     once the disque-py nodes are stopped: two clusters never share the machine."""
     rows = [Row(key, label) for key, label, *_ in CLUSTER_ADDJOB_LOADS + CLUSTER_E2E_LOADS]
+    rows.append(Row(SOAK_KEY, SOAK_LABEL))
     run_cluster_loads(rows, "disque", workdir, cpus, o, raw)
     if original_cmd:
-        run_cluster_loads(rows, "original", workdir, cpus, o, raw, original_cmd)
+        run_cluster_loads(rows[:-1], "original", workdir, cpus, o, raw, original_cmd)
     return rows
 
 
@@ -570,7 +589,8 @@ def run_cluster_loads(rows: list[Row], flavor: str, workdir: Path, cpus: set[int
             if load.ok and not load.partial and moved < o.cluster_n * 0.99:
                 load.note = f"only {moved} of {o.cluster_n} requests queued a job"
             _set_load(row, flavor, load)
-        e2e_rows = rows[len(CLUSTER_ADDJOB_LOADS):]
+        e2e_rows = rows[len(CLUSTER_ADDJOB_LOADS):len(CLUSTER_ADDJOB_LOADS)
+                        + len(CLUSTER_E2E_LOADS)]
         for row, (_, _, depth) in zip(e2e_rows, CLUSTER_E2E_LOADS, strict=True):
             _flushall(servers)
             if not all(s.alive() for s in servers):
@@ -584,6 +604,24 @@ def run_cluster_loads(rows: list[Row], flavor: str, workdir: Path, cpus: set[int
             res = run_e2e(cfg)
             raw[row.key if flavor == "disque" else f"{row.key}_{flavor}"] = res.as_dict()
             _set_load(row, flavor, _e2e_load(res))
+        soak = [r for r in rows if r.key == SOAK_KEY]
+        if soak:
+            _flushall(servers)
+            before = [_rss_bytes(s) for s in servers]
+            cfg = E2EConfig(port=servers[0].port, consume_port=servers[1].port,
+                            flavor="disque", depth=16, jobs=o.soak_jobs,
+                            connections=o.clients, procs=o.e2e_procs,
+                            time_limit=max(o.e2e_time_limit, 120.0), queue=SOAK_KEY,
+                            add_args=("REPLICATE", "3"))
+            res = run_e2e(cfg)
+            load = _e2e_load(res)
+            growth = [(_rss_bytes(s) - b) / max(1, res.acked) for s, b in zip(servers, before,
+                                                                               strict=True)]
+            raw[SOAK_KEY] = {**res.as_dict(), "rss_growth_per_acked_job": growth}
+            if load.ok:
+                load.note = ("RSS +" + "/".join(f"{g:.0f}" for g in growth)
+                             + f" B per acked job on the 3 nodes, {res.acked:,} jobs")
+            _set_load(soak[0], flavor, load)
         dead = [s for s in servers if not s.alive()]
         if dead:
             _say(f"{flavor} cluster node(s) died during the run:\n{dead[0].log_tail()}")
@@ -822,6 +860,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="ADDJOB requests per 3-node load (default 30000, quick 6000)")
     ap.add_argument("--cluster-e2e-jobs", type=int, default=None,
                     help="jobs per 3-node produce/consume run (default 20000, quick 5000)")
+    ap.add_argument("--soak-jobs", type=int, default=None,
+                    help="jobs of the 3-node soak row (default 300000, quick 150000)")
     ap.add_argument("--spark-rows", type=int, default=None,
                     help="rows per Spark write at REPLICATE 1 (default 500000, quick 100000; "
                          "REPLICATE 3 writes a tenth); see benchmarks/spark_bench.py")
@@ -864,6 +904,7 @@ def main(argv: list[str] | None = None) -> int:
         memory_jobs=a.jobs_for_memory or (100_000 if a.quick else 1_000_000),
         cluster_n=a.cluster_requests or (6_000 if a.quick else 30_000),
         cluster_e2e_jobs=a.cluster_e2e_jobs or (5_000 if a.quick else 20_000),
+        soak_jobs=a.soak_jobs or (150_000 if a.quick else 300_000),
         n_pipelined=a.pipelined_requests or (250_000 if a.quick else 1_000_000),
     )
     for tool in ("redis-server", "redis-benchmark"):
