@@ -12,9 +12,11 @@ Rescheduling appends the entry again: the copy left behind is stale, and so is t
 `cancel` unschedules (awake 0); owners recognise a stale copy that comes out by its
 `awake` (`awake and awake <= now`). A deleted job must not stay referenced until its old
 time comes (at RETRY 0 that is its TTL, days away), so each bucket counts the copies that
-went stale in it, and once they are half of it, it is rebuilt with its live entries only
-(or dropped): a bucket holds at most as many stale copies as live entries, plus one, for
-O(1) amortised work per reschedule or cancel and no per-entry bookkeeping.
+went stale in it and the live entries it has left: with none left it is dropped, and once
+the stale copies outnumber the live entries by STALE_SLACK it is rebuilt with its live
+entries only. A bucket holds fewer than live + STALE_SLACK stale copies, for O(1) amortised
+work per reschedule or cancel and no per-entry bookkeeping. (Counting only in buckets due
+in more than 2 s cost more: buckets of stale copies then woke the loop for nothing.)
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ from typing import Any
 
 RES = 5  # ms per bucket
 _STALE_KEYS_MIN = 1024  # bucket keys of dropped buckets tolerated in the heap
+# A bucket is rebuilt once its stale copies reach its live entries plus this: at most
+# live + STALE_SLACK - 1 stale copies per bucket, and a rebuild (a scan of the bucket) per
+# STALE_SLACK stale copies at least. Buckets usually empty whole (dropped, no scan).
+STALE_SLACK = 8
 
 
 class Timer:
@@ -43,9 +49,11 @@ class Timer:
 
 
 class _Bucket(list):  # type: ignore[type-arg]
-    """The entries of one RES ms slot, and how many of them went stale since it was built."""
+    """The entries of one RES ms slot; how many of them went stale since it was built, and
+    how many are live at most (exact after a rebuild; an entry rescheduled into the bucket
+    it is in has two copies, and counts twice until the next rebuild)."""
 
-    __slots__ = ("stale",)
+    __slots__ = ("stale", "live")
 
 
 class TimerWheel:
@@ -59,7 +67,8 @@ class TimerWheel:
 
     def _key_of(self, awake: int) -> int:
         """The bucket `schedule` puts an entry due at `awake` in, as of now (a bucket
-        fires at its end, key * RES >= awake; one handed out already: the next one)."""
+        fires at its end, key * RES >= awake; one handed out already: the next one).
+        (Written out inline on the hot paths.)"""
         key = -(-awake // RES)
         return key if key > self._fired else self._fired + 1
 
@@ -67,43 +76,92 @@ class TimerWheel:
         """Make `entry` due at `when_ms` (sets entry.awake)."""
         old = entry.awake
         entry.awake = when_ms
+        fired = self._fired
+        key = -(-when_ms // RES)  # ceil: a bucket fires at key * RES >= when (as _key_of)
+        if key <= fired:
+            key = fired + 1
+        buckets = self._buckets
         if old:
-            self._went_stale(old)
-        key = self._key_of(when_ms)
-        bucket = self._buckets.get(key)
+            k = -(-old // RES)
+            if k == key:
+                return  # (not handed out, so it is in that bucket already)
+            if k > fired:
+                b = buckets.get(k)
+                if b is not None:
+                    live = b.live = b.live - 1
+                    if live <= 0:
+                        self._drop(k)
+                    else:
+                        stale = b.stale = b.stale + 1
+                        if stale >= live + STALE_SLACK:
+                            self._rebuild(k, b)
+            else:
+                self._went_stale_after_fired()
+        bucket = buckets.get(key)
         if bucket is None:
-            bucket = self._buckets[key] = _Bucket()
-            bucket.stale = 0
+            bucket = buckets[key] = _Bucket()
+            bucket.stale = bucket.live = 0
             heapq.heappush(self._heap, key)
         bucket.append(entry)
+        bucket.live += 1
 
     def cancel(self, entry: Any) -> None:
-        """Unschedule `entry` (awake = 0): the wheel drops it with its bucket's next rebuild."""
+        """Unschedule `entry` (awake = 0): the wheel lets it go with its bucket's next rebuild
+        or drop, or when the bucket comes due."""
         old = entry.awake
         if old:
             entry.awake = 0
-            self._went_stale(old)
+            key = -(-old // RES)
+            if key > self._fired:
+                self._went_stale(key)
+            else:
+                self._went_stale_after_fired()
 
-    def _went_stale(self, awake: int) -> None:
-        """An entry due at `awake` was just moved or cancelled (its awake changed already):
-        count it in its bucket (if not handed out), rebuilt once half of it is stale."""
-        key = self._key_of(awake)
+    def _went_stale(self, key: int) -> None:
+        """An entry of bucket `key` (not handed out: it is there) was just moved or
+        cancelled (its awake changed already): the bucket is dropped when nothing in it is
+        live any more, rebuilt once its stale copies outnumber its live entries by
+        STALE_SLACK. (`schedule` has this inline.)"""
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            return
+        live = bucket.live = bucket.live - 1
+        if live <= 0:
+            self._drop(key)
+            return
+        stale = bucket.stale = bucket.stale + 1
+        if stale >= live + STALE_SLACK:
+            self._rebuild(key, bucket)
+
+    def _went_stale_after_fired(self) -> None:
+        """An entry due before the last bucket handed out was moved or cancelled: it is out
+        already, or was put in the bucket after it (see schedule). Counted stale there, not
+        as one live entry less (it may not be there)."""
+        key = self._fired + 1
         bucket = self._buckets.get(key)
         if bucket is None:
             return
         stale = bucket.stale = bucket.stale + 1
-        if 2 * stale >= len(bucket):
+        if stale >= bucket.live + STALE_SLACK:
             self._rebuild(key, bucket)
 
     def _rebuild(self, key: int, bucket: _Bucket) -> None:
-        """Keep the bucket's live entries (those whose awake still puts them here), each
+        """Keep the bucket's live entries (those whose awake still puts them here: in its
+        RES ms, or before it for the bucket right after the last one handed out), each
         once."""
-        key_of = self._key_of
-        live = _Bucket(dict.fromkeys(e for e in bucket if e.awake and key_of(e.awake) == key))
+        hi = key * RES
+        lo = 0 if key == self._fired + 1 else hi - RES
+        live = _Bucket(dict.fromkeys([e for e in bucket if lo < e.awake <= hi]))
         if live:
             live.stale = 0
+            live.live = len(live)
             self._buckets[key] = live
-            return
+        else:
+            self._drop(key)
+
+    def _drop(self, key: int) -> None:
+        """Forget a bucket with nothing live in it (its key stays in the heap until due()
+        or a heap rebuild)."""
         del self._buckets[key]
         self._stale_keys += 1
         if self._stale_keys > _STALE_KEYS_MIN and self._stale_keys > len(self._buckets):
