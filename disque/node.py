@@ -327,7 +327,7 @@ class Node(ClusterJobs):
                 self.note_collected(job.id)
                 if self.persist is not None:
                     self.persist.deljob(job.id)  # its acked record (see ack_job) is done
-        self.wheel.cancel(job)  # (the wheel keeps no reference to a deleted job)
+        self.wheel.cancel(job)  # (so the wheel lets go of a deleted job: see disque.timers)
 
     def note_collected(self, job_id: bytes) -> None:
         """Remember that `job_id` was acknowledged and forgotten here (see `collected`)."""
