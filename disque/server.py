@@ -788,6 +788,11 @@ class Server:
         # -LOADING from the first accepted command until the AOF is loaded *and* open for
         # writing: a write accepted earlier would be acknowledged and never logged.
         self.loading = bool(cfg.appendonly or cfg.aof_enqueue_jobs_once)
+        if cfg.http_port:
+            # Before the RESP listeners: once the node answers, its HTTP side is up too (a
+            # scrape right after the first PING found it still starting on a loaded machine).
+            self.http = new_http_side(self)
+            await self.http.start(cfg.bind, cfg.http_port, cfg.tcp_backlog)
         if cfg.port:
             for addr in cfg.bind:
                 srv = await self.loop.create_server(lambda: Client(self), addr, cfg.port,
@@ -806,9 +811,6 @@ class Server:
             self.own_files.append(os.path.abspath(cfg.unixsocket))
         if cfg.port:
             await self.bus.start(cfg.bind, cfg.port + cfg.cluster_port_offset, cfg.tcp_backlog)
-        if cfg.http_port:
-            self.http = new_http_side(self)
-            await self.http.start(cfg.bind, cfg.http_port, cfg.tcp_backlog)
         self.cron()
         self.bus_cron()
         await self.aofm.load_at_start()
