@@ -828,31 +828,28 @@ class ClusterJobs:
         """Ask other nodes for jobs of `q` (NEEDJOBS), within the backoffs."""
         if self.leaving or self.membership is None or self.cluster_size() < 2:
             return
+        adhoc_delay = min(NEEDJOBS_ADHOC_MS << q.needjobs_adhoc_attempt, NEEDJOBS_ADHOC_MAX_MS)
+        bcast_due = now - q.needjobs_bcast_time >= min(
+            NEEDJOBS_BCAST_MS << q.needjobs_bcast_attempt, NEEDJOBS_BCAST_MAX_MS)
         if reached_zero:
             if not q.import_rate:
                 return  # only an active import flow is worth asking at once (original)
-        elif (now - q.needjobs_bcast_time
-              < min(NEEDJOBS_BCAST_MS << q.needjobs_bcast_attempt, NEEDJOBS_BCAST_MAX_MS)
-              and now - q.needjobs_adhoc_time
-              < min(NEEDJOBS_ADHOC_MS << q.needjobs_adhoc_attempt, NEEDJOBS_ADHOC_MAX_MS)):
+        elif not bcast_due and now - q.needjobs_adhoc_time < adhoc_delay:
             return  # within both backoffs: nothing to send (every empty GETJOB comes here)
         responders = q.needjobs_responders
         for n, t in list(responders.items()):
             if now - t > RESPONDER_VALID_MS:
                 del responders[n]
-        if responders:
-            delay = min(NEEDJOBS_ADHOC_MS << q.needjobs_adhoc_attempt, NEEDJOBS_ADHOC_MAX_MS)
-            if reached_zero or now - q.needjobs_adhoc_time >= delay:
-                count = q.import_rate // len(responders)
-                count = max(NEEDJOBS_MIN, min(NEEDJOBS_MAX, count))
-                msg = NeedJobs(self.header(), q.name, count)
-                for n in responders:
-                    self.send(n, msg)
-                q.needjobs_adhoc_time = now
-                if q.needjobs_adhoc_attempt < 7:
-                    q.needjobs_adhoc_attempt += 1
-        delay = min(NEEDJOBS_BCAST_MS << q.needjobs_bcast_attempt, NEEDJOBS_BCAST_MAX_MS)
-        if now - q.needjobs_bcast_time >= delay:
+        if responders and (reached_zero or now - q.needjobs_adhoc_time >= adhoc_delay):
+            count = q.import_rate // len(responders)
+            count = max(NEEDJOBS_MIN, min(NEEDJOBS_MAX, count))
+            msg = NeedJobs(self.header(), q.name, count)
+            for n in responders:
+                self.send(n, msg)
+            q.needjobs_adhoc_time = now
+            if q.needjobs_adhoc_attempt < 7:
+                q.needjobs_adhoc_attempt += 1
+        if bcast_due:
             # Every node of the table, leaving ones included: a leaving node is still a
             # source (it drains), as in the original.
             others = [n for n in self.reachable_or_known() if n != self.myself]
