@@ -12,6 +12,7 @@ Everything below this module is sans-I/O: the node gets its clock from here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import gc
 import logging
@@ -24,6 +25,7 @@ import sys
 import syslog
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -422,6 +424,7 @@ class Server:
         self.now_mono = time.monotonic()
         self.loading = False
         self.shutting_down = False
+        self.stopped: asyncio.Future[None] = asyncio.get_event_loop().create_future()
         self.exit_code = 0
         # absolute paths of the pidfile and unix socket made at start (whatever dir is now)
         self.own_files: list[str] = []
@@ -845,8 +848,24 @@ class Server:
                 os.unlink(path)
             except OSError:
                 pass
-        assert self.loop is not None
-        self.loop.call_soon(self.loop.stop)
+        if not self.stopped.done():
+            self.stopped.set_result(None)
+
+    async def serve(self, started: Callable[[], None]) -> bool:
+        """Start, call `started`, and serve until shutdown(); False when shutdown came while
+        starting. One run of the loop from start to exit: uvloop hears signals only while it
+        runs, so a SIGTERM between a run that starts and a run that serves was lost."""
+        starting = asyncio.ensure_future(self.start())
+        await asyncio.wait((starting, self.stopped), return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await starting
+            return False
+        starting.result()  # a failed listen or AOF load raises here
+        started()
+        await self.stopped
+        return True
 
     def on_job_message(self, link: Any, msg: Any) -> None:
         """A job message arrived on the bus: only members of the cluster are heard."""
@@ -1208,13 +1227,23 @@ def main(argv: list[str] | None = None) -> int:
     # or a test harness may already send SIGTERM.
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, server.shutdown)
+
+    def started() -> None:
+        if cfg.pidfile:
+            try:
+                with open(cfg.pidfile, "w") as f:
+                    f.write(f"{os.getpid()}\n")
+                server.own_files.append(os.path.abspath(cfg.pidfile))
+            except OSError as exc:
+                log.warning("server.pidfile_failed", path=cfg.pidfile, error=str(exc))
+        log.info("server.start", version=__version__, port=cfg.port, bind=" ".join(cfg.bind),
+                 pid=os.getpid(), config_file=cfg.config_file or "",
+                 node_id=server.node_id.decode(), dir=os.getcwd())
+        if cfg.daemonize:
+            daemon_ready()
+
     try:
-        loop.run_until_complete(server.start())
-    except RuntimeError:
-        if not server.shutting_down:
-            raise
-        log.info("server.exit", code=server.exit_code, during="startup")
-        return server.exit_code
+        served = loop.run_until_complete(server.serve(started))
     except OSError as exc:
         log.error("server.listen_failed", port=cfg.port, error=str(exc))
         print(f"Could not listen: {exc}", file=sys.stderr)
@@ -1223,23 +1252,12 @@ def main(argv: list[str] | None = None) -> int:
         log.error("aof.load_failed", error=str(exc))
         print(str(exc), file=sys.stderr)
         return 1
-    if cfg.pidfile:
-        try:
-            with open(cfg.pidfile, "w") as f:
-                f.write(f"{os.getpid()}\n")
-            server.own_files.append(os.path.abspath(cfg.pidfile))
-        except OSError as exc:
-            log.warning("server.pidfile_failed", path=cfg.pidfile, error=str(exc))
-    log.info("server.start", version=__version__, port=cfg.port, bind=" ".join(cfg.bind),
-             pid=os.getpid(), config_file=cfg.config_file or "", node_id=server.node_id.decode(),
-             dir=os.getcwd())
-    if cfg.daemonize:
-        daemon_ready()
-    try:
-        loop.run_forever()
     finally:
         loop.run_until_complete(asyncio.sleep(0))
         loop.close()
+    if not served:
+        log.info("server.exit", code=server.exit_code, during="startup")
+        return server.exit_code
     log.info("server.exit", code=server.exit_code)
     return server.exit_code
 

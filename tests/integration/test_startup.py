@@ -114,6 +114,29 @@ def test_signals_shut_down_cleanly(server: DisqueProcess, sig: int) -> None:
     assert server.proc.wait(timeout=30) == 0
 
 
+def test_sigterm_while_the_pidfile_is_written_still_shuts_down(tmp_path: Path) -> None:
+    """A SIGTERM that arrives after the node answers but before it settles into serving is
+    not lost. uvloop hears signals only while the loop runs: a node that ran the loop once to
+    start and again to serve dropped a SIGTERM arriving between the two (CI saw a node that
+    logged `server.start` and never exited). The pidfile is a FIFO here, so the node blocks
+    opening it, once started, until the test reads it: the signal lands in that gap."""
+    fifo = tmp_path / "node.pid"
+    os.mkfifo(fifo)
+    proc = DisqueProcess(tmp_path / "node", args=["--pidfile", str(fifo)]).start(wait=False)
+    try:
+        assert proc.proc is not None
+        pid = proc.proc.pid
+        wait_for(lambda: Path(f"/proc/{pid}/wchan").read_text() == "wait_for_partner",
+                 what="the node blocked opening its FIFO pidfile")
+        proc.proc.send_signal(signal.SIGTERM)
+        with open(fifo) as f:  # unblocks the node's open(); it writes its pid and goes on
+            assert f.read().strip() == str(proc.proc.pid)
+        assert proc.proc.wait(timeout=30) == 0, proc.output()
+        assert "server.shutdown" in proc.output()
+    finally:
+        proc.kill()
+
+
 # ---------------------------------------------------------------------------- open files limit
 class LimitedProcess(DisqueProcess):
     """A server started under `prlimit --nofile=SOFT:HARD`; as root, also without
