@@ -10,6 +10,10 @@ PYTEST_ARGS ?=
 .PHONY: install run test test-fast bench lint cluster cluster-stop cluster-status clean system-deps \
         spark-zip example chaos sim
 
+# apt waits for a dpkg lock another apt run holds (a second `make` beside this one) rather than
+# failing at once.
+APT := apt-get -o DPkg::Lock::Timeout=600
+
 # Debian packages the tests and the benchmark use: redis-cli / redis-benchmark (redis-tools) and
 # redis-server (the "Redis as a queue" baseline of `make bench`); a Java runtime for Spark
 # (PySpark runs a JVM: the Spark tests, `make example`, the Spark benchmark); chromium and
@@ -18,17 +22,17 @@ system-deps:
 	@if ! command -v redis-cli >/dev/null 2>&1 || ! command -v redis-server >/dev/null 2>&1; then \
 		echo "installing Debian redis-tools and redis-server"; \
 		SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
-		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-tools redis-server >/dev/null; \
+		$$SUDO $(APT) update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO $(APT) install -y -qq redis-tools redis-server >/dev/null; \
 	fi
 	@if ! command -v java >/dev/null 2>&1; then \
 		echo "installing a Debian Java runtime for Spark"; \
 		SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
-		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq default-jre-headless >/dev/null; \
+		$$SUDO $(APT) update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO $(APT) install -y -qq default-jre-headless >/dev/null; \
 	fi
 	@if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then \
 		echo "installing Debian chromium and chromium-driver for the dashboard's browser test"; \
 		SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
-		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium chromium-driver >/dev/null; \
+		$$SUDO $(APT) update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO $(APT) install -y -qq chromium chromium-driver >/dev/null; \
 	fi
 
 $(STAMP): pyproject.toml
