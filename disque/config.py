@@ -79,6 +79,7 @@ class Config:
     syslog_enabled: bool = False
     syslog_ident: str = "disque"
     syslog_facility: str = "local0"
+    syslog_socket: str = "/dev/log"
     databases: int = 16
     dir: str = field(default_factory=os.getcwd)
     # security and limits
@@ -544,6 +545,7 @@ DIRECTIVES: tuple[Directive, ...] = (
     # in the file, not in CONFIG GET
     D("syslog-enabled", _Bool(), shown=False),
     D("syslog-ident", _String(), shown=False),
+    D("syslog-socket", _String(), shown=False),
 )
 del D
 

@@ -16,13 +16,13 @@ import contextlib
 import fcntl
 import gc
 import logging
+import logging.handlers
 import os
 import random
 import resource
 import signal
 import socket
 import sys
-import syslog
 import time
 from collections import deque
 from collections.abc import Callable
@@ -1040,17 +1040,33 @@ def set_keepalive(sock: socket.socket, interval: int) -> None:
         pass
 
 
-_SYSLOG_PRIORITY = {"debug": syslog.LOG_DEBUG, "info": syslog.LOG_INFO,
-                    "warning": syslog.LOG_WARNING, "error": syslog.LOG_ERR,
-                    "critical": syslog.LOG_CRIT}
+class _SyslogSender(logging.handlers.SysLogHandler):
+    """The standard library's syslog client on the configured socket (syslog-socket), in
+    glibc's shape: `<PRI>ident[pid]: line`. Like openlog/syslog, a daemon that is not there
+    (yet) costs nothing: the socket is retried on the next line and the line dropped."""
+
+    append_nul = False
+
+    def __init__(self, ident: str, facility: str, path: str) -> None:
+        super().__init__(address=path, facility=facility)
+        self.base_ident = ident
+
+    def send_line(self, level: str, line: str) -> None:
+        self.ident = f"{self.base_ident}[{os.getpid()}]: "  # the pid after daemonize()
+        record = logging.LogRecord("disque", logging.INFO, "", 0, line, None, None)
+        record.levelname = level.upper()
+        self.emit(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - stdlib's name
+        """No syslog daemon listening: drop the line, as syslog(3) does."""
 
 
-def _also_to_syslog(render: Any) -> Any:
+def _also_to_syslog(render: Any, sender: _SyslogSender) -> Any:
     """Wrap the final renderer: every rendered line also goes to syslog (syslog-enabled)."""
     def processor(logger: Any, method: str, event_dict: Any) -> Any:
-        prio = _SYSLOG_PRIORITY.get(event_dict.get("level", "info"), syslog.LOG_INFO)
         line = render(logger, method, event_dict)
-        syslog.syslog(prio, line if isinstance(line, str) else str(line))
+        sender.send_line(event_dict.get("level", "info"),
+                         line if isinstance(line, str) else str(line))
         return line
     return processor
 
@@ -1065,10 +1081,8 @@ def configure_logging(cfg: Config) -> None:
         stream = open(cfg.logfile, "a", buffering=1)  # noqa: SIM115 - lives with the process
     renderer = renderer_for(cfg.log_format)
     if cfg.syslog_enabled:
-        facility = (syslog.LOG_USER if cfg.syslog_facility == "user"
-                    else getattr(syslog, f"LOG_{cfg.syslog_facility.upper()}"))
-        syslog.openlog(cfg.syslog_ident, syslog.LOG_PID | syslog.LOG_NDELAY, facility)
-        renderer = _also_to_syslog(renderer)
+        sender = _SyslogSender(cfg.syslog_ident, cfg.syslog_facility, cfg.syslog_socket)
+        renderer = _also_to_syslog(renderer, sender)
     configure_structlog(level, renderer, stream)
 
 
