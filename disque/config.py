@@ -114,6 +114,7 @@ class Config:
     # cluster
     cluster_config_file: str = "nodes.conf"
     cluster_node_timeout: int = 15000
+    cluster_forget_ttl: int = 60
     cluster_announce_ip: str = ""
     cluster_announce_port: int = 0
     cluster_password: str = ""
@@ -529,6 +530,7 @@ DIRECTIVES: tuple[Directive, ...] = (
     D("client-query-buffer-limit", _Memory(1024 * 1024), settable=True),
     D("queue-idle-timeout", _Int(1), settable=True),
     D("rereplicate-rate", _Int(0), settable=True),
+    D("cluster-forget-ttl", _Int(1), settable=True),
     D("default-max-deliveries", _Int(0, 65535), settable=True),
     D("default-max-nacks", _Int(0, 65535), settable=True),
     D("deadletter-queue", _QueueName(), settable=True),

@@ -370,6 +370,7 @@ class Server:
         bind_ip = binds[0] if binds else ""
         self.membership = Membership(
             myself, cfg.port, clock=wall_ms, rng=rng, node_timeout=cfg.cluster_node_timeout,
+            blacklist_ttl=cfg.cluster_forget_ttl * 1000,
             bus_port_offset=cfg.cluster_port_offset,
             announce_ip=cfg.cluster_announce_ip.encode() or None,
             announce_port=cfg.cluster_announce_port or None, my_ip=bind_ip.encode(),
@@ -494,6 +495,8 @@ class Server:
         on_set(cfg, "log-format", relog)
         on_set(cfg, "cluster-node-timeout",
                lambda c, name: setattr(self.membership, "node_timeout", c.cluster_node_timeout))
+        on_set(cfg, "cluster-forget-ttl", lambda c, name: setattr(
+            self.membership, "blacklist_ttl", c.cluster_forget_ttl * 1000))
 
         def set_announce(c: Config, name: str) -> None:
             self.membership.set_announce(c.cluster_announce_ip.encode(), c.cluster_announce_port)

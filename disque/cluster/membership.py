@@ -90,7 +90,7 @@ RANDOM_PING_EVERY = 10  # ticks: about once a second
 RANDOM_PING_SAMPLE = 5
 FAIL_REPORT_VALIDITY_MULT = 2
 MIN_HANDSHAKE_TIMEOUT = 1000  # ms
-BLACKLIST_TTL = 60_000  # ms a forgotten node cannot be re-added by gossip
+BLACKLIST_TTL = 60_000  # ms a forgotten node cannot be re-added by gossip (the default)
 RECONNECT_MIN = 100  # ms, first retry after a failed connect; doubles up to RECONNECT_MAX
 RECONNECT_MAX = 1000
 
@@ -155,8 +155,10 @@ class Membership:
                  rng: random.Random, node_timeout: int = DEFAULT_NODE_TIMEOUT,
                  bus_port_offset: int = BUS_PORT_OFFSET, bus_port: int | None = None,
                  announce_ip: bytes | None = None, announce_port: int | None = None,
-                 my_ip: bytes = b"", incarnation: int = 0) -> None:
+                 my_ip: bytes = b"", incarnation: int = 0,
+                 blacklist_ttl: int = BLACKLIST_TTL) -> None:
         self.clock = clock
+        self.blacklist_ttl = blacklist_ttl  # ms; may be changed at any time (CONFIG SET)
         # announced in every header (see messages.INCARNATION_SHIFT); 0: none
         self.incarnation = incarnation
         self.rng = rng
@@ -341,7 +343,8 @@ class Membership:
         self._flush()
 
     def forget(self, node_id: bytes) -> None:
-        """CLUSTER FORGET: drop the node and keep gossip from re-adding it for 60 s."""
+        """CLUSTER FORGET: drop the node and keep gossip from re-adding it for blacklist_ttl
+        (60 s by default)."""
         if len(node_id) != 40:
             raise err("Invalid node identifier")
         node = self.table.get(node_id)
@@ -350,7 +353,7 @@ class Membership:
         if node is None:
             raise err(f"Unknown node {_sid(node_id)}")
         now = self.clock()
-        self.blacklist[node_id] = now + BLACKLIST_TTL
+        self.blacklist[node_id] = now + self.blacklist_ttl
         self._del_node(node)
         self._log("node.forgotten", node=_sid(node_id))
         self._flush()

@@ -8,6 +8,7 @@ the server's own bind another process's client socket can take it (EADDRINUSE at
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 
@@ -33,6 +34,24 @@ def _bindable(port: int) -> bool:
         return False
 
 
+def _slice(candidates: list[int], bus_offset: int) -> list[int]:
+    """DISQUE_PORT_SLICE=i/n (set per pytest-xdist worker by the tests' conftest): the i-th of
+    n disjoint shares, so that parallel processes, and the servers and tools they start,
+    never draw the same port. Client ports stay below the lowest candidate + bus_offset, so
+    that no share's bus port is another share's client port."""
+    spec = os.environ.get("DISQUE_PORT_SLICE", "")
+    i_text, _, n_text = spec.partition("/")
+    try:
+        i, n = int(i_text), int(n_text)
+    except ValueError:
+        return candidates
+    if not candidates or not 0 <= i < n:
+        return candidates
+    low = [p for p in candidates if p < candidates[0] + bus_offset]
+    size = len(low) // n
+    return low[i * size:(i + 1) * size]
+
+
 _handed_out: set[int] = set()  # ports free_port returned in this process, and their bus ports
 
 
@@ -42,6 +61,7 @@ def free_port(bus_offset: int = 10000) -> int:
     lo, hi = _ephemeral_range()
     candidates = [p for p in range(_LOWEST, 65536 - bus_offset)
                   if not lo <= p <= hi and not lo <= p + bus_offset <= hi]
+    candidates = _slice(candidates, bus_offset)
     rng = random.SystemRandom()
     for _ in range(200 if candidates else 0):
         port = rng.choice(candidates)

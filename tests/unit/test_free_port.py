@@ -38,3 +38,24 @@ def test_free_port_never_hands_out_a_port_twice_in_a_process() -> None:
     ports = [free_port() for _ in range(300)]
     taken = set(ports) | {p + 10000 for p in ports}
     assert len(taken) == 2 * len(ports)
+
+
+def test_port_slices_of_parallel_test_workers_are_disjoint(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two pytest-xdist workers draw from their own shares (DISQUE_PORT_SLICE): no port one
+    hands out, client or bus, is one the other can hand out."""
+    from disque.tools import ports
+
+    def share(spec: str) -> set[int]:
+        monkeypatch.setenv("DISQUE_PORT_SLICE", spec)
+        lo, hi = ports._ephemeral_range()
+        every = [p for p in range(ports._LOWEST, 65536 - 10000)
+                 if not lo <= p <= hi and not lo <= p + 10000 <= hi]
+        mine = ports._slice(every, 10000)
+        assert len(mine) >= 1000, spec
+        return set(mine) | {p + 10000 for p in mine}
+
+    assert not share("0/2") & share("1/2")
+    assert not share("0/3") & share("2/3")
+    monkeypatch.setenv("DISQUE_PORT_SLICE", "1/2")
+    assert free_port() in ports._slice(list(range(ports._LOWEST, 65536)), 10000)

@@ -287,6 +287,24 @@ def test_a_pong_from_another_id_on_a_link_marks_the_node_noaddr() -> None:
     assert node.flags == [] and node.ip == b"10.0.0.77"
 
 
+def test_the_forget_blacklist_lasts_blacklist_ttl() -> None:
+    """cluster-forget-ttl (CONFIG SET sets blacklist_ttl): a FORGET after the change uses
+    the new length."""
+    m, clock = make()
+    m.blacklist_ttl = 5000
+    add_peer(m, A)
+    m.forget(A)
+    m.drain()
+    clock.now += 4999
+    m.tick()
+    m.link_message(Link("in"), Meet(hdr(A), []), b"10.0.0.2")
+    assert m.get(A) is None
+    clock.now += 1
+    m.tick()
+    m.link_message(Link("in"), Meet(hdr(A), []), b"10.0.0.2")
+    assert m.get(A) is not None
+
+
 def test_a_blacklisted_node_cannot_meet_us() -> None:
     m, clock = make()
     add_peer(m, A)
