@@ -334,6 +334,21 @@ class Client(asyncio.Protocol):
         self.closing = True
         self.server.loop.call_soon(self.transport.close)
 
+    def query_buffer(self) -> int:
+        """CLIENT LIST `qbuf`: bytes received and not run yet, i.e. an incomplete request in
+        the reader and whatever arrived while the client was blocked or paused."""
+        return self.reader.buffered() + self.held_bytes
+
+    def output_buffer(self) -> tuple[int, int, int]:
+        """CLIENT LIST (`obl`, `oll`, `omem`): bytes written and still in the transport's
+        buffer (the peer does not read fast enough), reply chunks not yet handed to the
+        transport (held for the AOF fsync, or until the end of the loop iteration), and the
+        bytes of both."""
+        transport = self.transport
+        pending = transport.get_write_buffer_size() if transport is not None else 0
+        queued = sum(map(len, self.out))
+        return pending, len(self.out), pending + queued
+
     def set_proto(self, proto: int) -> None:
         self.proto = proto
         if proto == 3:

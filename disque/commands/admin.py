@@ -177,7 +177,8 @@ def info_sections(server: Any) -> dict[str, list[tuple[str, Any]]]:
             ("connected_clients", len(clients)),
             ("client_longest_output_list", max(
                 (len(c.out) for c in clients), default=0)),
-            ("client_biggest_input_buf", 0),
+            ("client_biggest_input_buf", max(
+                (c.query_buffer() for c in clients), default=0)),
             # clients, not jobs: one ADDJOBS (or pipelined ADDJOBs) waits for many jobs
             ("blocked_clients", sum(1 for c in clients if c.waiter is not None)),
         ],
@@ -301,13 +302,19 @@ def check_client_name(name: bytes) -> None:
 
 
 def client_info(c: Any, now: float) -> str:
+    """One CLIENT LIST line. `qbuf`: bytes received and not run yet; `qbuf-free`: what the
+    connection may still buffer before client-query-buffer-limit closes it; `obl`: bytes
+    waiting in the transport; `oll`: reply chunks not yet handed to it; `omem`: both, in
+    bytes."""
     flags = "P" if c.closing else ("O" if c.monitor else ("b" if c.waiter else "N"))
     sock = c.transport.get_extra_info("socket") if c.transport else None
     fd = sock.fileno() if sock is not None else -1
+    qbuf = c.query_buffer()
+    obl, oll, omem = c.output_buffer()
     return (f"id={c.id} addr={c.addr} fd={fd} name={c.name.decode(errors='replace')} "
             f"age={int(now - c.ctime)} idle={int(now - c.last_interaction)} flags={flags} "
-            f"qbuf=0 qbuf-free=0 obl=0 oll={len(c.out)} "
-            f"omem={c.transport.get_write_buffer_size() if c.transport else 0} "
+            f"qbuf={qbuf} qbuf-free={max(c.reader.max_query - qbuf, 0)} obl={obl} "
+            f"oll={oll} omem={omem} "
             f"events=r cmd={c.last_cmd.name if c.last_cmd else 'NULL'}")
 
 
