@@ -490,6 +490,10 @@ def cmd_debug(c: Any, argv: list[bytes]) -> None:
         if not c.server.aofm.debug_loadaof():
             raise CommandError("ERR")
         c.out.append(OK)
+    elif sub == b"raise" and n == 2:
+        # A handler failing unexpectedly, on purpose: the dispatcher must answer the
+        # internal-error reply, log the traceback and keep serving (tests, monitoring).
+        raise RuntimeError("DEBUG RAISE: a deliberate failure")
     elif sub == b"jmap" and n == 2:  # counts per state, handy for tests
         counts = [0, 0, 0, 0]
         for job in c.node.jobs.values():

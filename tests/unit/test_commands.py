@@ -780,6 +780,14 @@ def test_debug_arguments(w, args, reply):
     assert w("DEBUG", *args) == reply
 
 
+def test_debug_raise_fails_as_an_unexpected_bug_would(w):
+    # not a CommandError: the dispatcher's internal-error path is what it exercises
+    with pytest.raises(RuntimeError, match="DEBUG RAISE"):
+        w("DEBUG", "RAISE")
+    assert w("DEBUG", "RAISE", "x") == (
+        b"-ERR Unknown DEBUG subcommand or wrong number of arguments for 'RAISE'\r\n")
+
+
 def test_debug_flushall(w):
     w.addjob()
     assert w("DEBUG", "FLUSHALL") == b"+OK\r\n"
