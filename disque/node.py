@@ -46,6 +46,7 @@ from disque.jobs.job import (
     WAIT_REPL,
     Job,
 )
+from disque.latency import EVICTION_CYCLE, EXPIRE_CYCLE, LatencyMonitor
 from disque.protocol.errors import CommandError, err, leaving
 from disque.queues.queue import PAUSE_IN, PAUSE_OUT, Queue
 from disque.scan import ScanDict
@@ -104,9 +105,11 @@ class Node(ClusterJobs):
                  rng: random.Random | None = None,
                  randbytes: Callable[[int], bytes] | None = None,
                  maxmemory: int = 1 << 30, maxmemory_policy: str = "acks",
-                 queue_idle_timeout: int = 300) -> None:
+                 queue_idle_timeout: int = 300, latency: LatencyMonitor | None = None) -> None:
         self.myself = myself  # 40 hex chars, as bytes
         self.clock = clock
+        # slow timer passes and evictions are recorded here (off unless the server's is on)
+        self.latency = latency if latency is not None else LatencyMonitor.disabled()
         self.rng = rng or random.Random()
         self._random = self.rng.random
         self.ids = IdGenerator(myself, randbytes) if randbytes else IdGenerator(myself)
@@ -264,6 +267,14 @@ class Node(ClusterJobs):
         return self.mem_used <= self.mem_evict_at
 
     def evict(self, target: int) -> int:
+        """One eviction attempt (see evict_sample), timed as the latency event
+        `eviction-cycle`."""
+        started = self.latency.start()
+        freed = self.evict_sample(target)
+        self.latency.end(EVICTION_CYCLE, started)
+        return freed
+
+    def evict_sample(self, target: int) -> int:
         """Free acked jobs and already delivered at-most-once jobs (never anything a consumer
         could still need), then idle empty queues, until used memory <= target.
 
@@ -1006,7 +1017,9 @@ class Node(ClusterJobs):
         return self.wheel.next_due()
 
     def tick(self, now: int | None = None) -> None:
-        """Run everything the wheel says is due."""
+        """Run everything the wheel says is due; the pass is timed as the latency event
+        `expire-cycle` (jobs expire here, as keys do in Redis's expire cycle)."""
+        started = self.latency.start()
         if now is None:
             now = self.clock()
         for entry in self.wheel.due(now):
@@ -1016,6 +1029,7 @@ class Node(ClusterJobs):
             elif entry.awake and entry.awake <= now:
                 entry.awake = 0
                 entry.callback(now)
+        self.latency.end(EXPIRE_CYCLE, started)
 
     def process_job(self, job: Job, now: int) -> None:
         """The per-job timer (original: processJob)."""

@@ -46,6 +46,7 @@ from disque.config import (
     on_set,
     specific_binds,
 )
+from disque.latency import LatencyMonitor
 from disque.logs import configure_structlog, renderer_for
 from disque.node import Node
 from disque.protocol.errors import (
@@ -335,6 +336,21 @@ class Client(asyncio.Protocol):
         self.closing = True
         self.server.loop.call_soon(self.transport.close)
 
+    def query_buffer(self) -> int:
+        """CLIENT LIST `qbuf`: bytes received and not run yet, i.e. an incomplete request in
+        the reader and whatever arrived while the client was blocked or paused."""
+        return self.reader.buffered() + self.held_bytes
+
+    def output_buffer(self) -> tuple[int, int, int]:
+        """CLIENT LIST (`obl`, `oll`, `omem`): bytes written and still in the transport's
+        buffer (the peer does not read fast enough), reply chunks not yet handed to the
+        transport (held for the AOF fsync, or until the end of the loop iteration), and the
+        bytes of both."""
+        transport = self.transport
+        pending = transport.get_write_buffer_size() if transport is not None else 0
+        queued = sum(map(len, self.out))
+        return pending, len(self.out), pending + queued
+
     def set_proto(self, proto: int) -> None:
         self.proto = proto
         if proto == 3:
@@ -383,9 +399,10 @@ class Server:
             # nodes.conf names an address we no longer listen on (restarted elsewhere):
             # announce the one we bind, not the stale one.
             me.ip = bind_ip.encode()
+        self.latency = LatencyMonitor(wall_ms, _perf_ns, cfg.latency_monitor_threshold)
         self.node = Node(myself, wall_ms, rng=rng, maxmemory=cfg.maxmemory,
                          maxmemory_policy=cfg.maxmemory_policy,
-                         queue_idle_timeout=cfg.queue_idle_timeout)
+                         queue_idle_timeout=cfg.queue_idle_timeout, latency=self.latency)
         self.node.membership = self.membership
         self.node.leaving = self.membership.leaving
         self.node.rereplication.rate = cfg.rereplicate_rate
@@ -477,6 +494,8 @@ class Server:
                      "redrive-rate"):
             on_set(cfg, name, self.apply_deadletter_defaults)
         on_set(cfg, "client-output-buffer-limit", lambda c, name: self.apply_limits())
+        on_set(cfg, "latency-monitor-threshold",
+               lambda c, name: self.latency.set_threshold(c.latency_monitor_threshold))
 
         def set_reader_limits(c: Config, name: str) -> None:
             for client in self.clients.values():
@@ -677,6 +696,8 @@ class Server:
         self.stat_commands += 1
         if usec > self.cfg.slowlog_log_slower_than >= 0:
             self.slowlog_add(argv, usec)
+        if usec >= self.latency.min_usec:  # never while latency-monitor-threshold is 0
+            self.latency.add_command_sample("fast" in cmd.flags, usec)
 
     def feed_monitors(self, c: Client, argv: list[bytes]) -> None:
         now = time.time()

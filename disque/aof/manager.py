@@ -14,6 +14,7 @@ import structlog
 from disque.aof.loader import AofLoader, AofLoadError
 from disque.aof.writer import AppendOnlyFile, Rewrite
 from disque.config import ConfigSetError, config_rewrite, on_set
+from disque.latency import AOF_REWRITE
 
 log = structlog.get_logger("disque.aof")
 
@@ -93,7 +94,8 @@ class AofManager:
     def open(self, wait_rewrite: bool = False) -> None:
         assert self.server.loop is not None
         self.aof = AppendOnlyFile(self.path, self.cfg.appendfsync, self.server.loop.call_soon,
-                                  self.release, wait_rewrite=wait_rewrite)
+                                  self.release, wait_rewrite=wait_rewrite,
+                                  latency=self.server.latency)
         self.aof.no_fsync_on_rewrite = self.cfg.no_appendfsync_on_rewrite
         self.node.persist = self.aof
 
@@ -182,11 +184,15 @@ class AofManager:
         rw = self.rewrite
         if rw is None or rw.finished:
             return
+        latency = self.server.latency
+        started = latency.start()
         try:
             done = rw.step()
         except OSError as exc:
             rw.fail(exc.strerror or str(exc))
             return
+        finally:
+            latency.end(AOF_REWRITE, started)
         if not done:
             assert self.server.loop is not None
             self.server.loop.call_soon(self._rewrite_step)

@@ -28,6 +28,7 @@ import structlog
 
 from disque.aof.format import ackjob_record, deljob_record, loadjob_record
 from disque.jobs.job import ACKED, ACTIVE, F_DUMMY, QUEUED, Job
+from disque.latency import AOF_FSYNC_ALWAYS, AOF_WRITE, OFF, LatencyMonitor
 
 log = structlog.get_logger("disque.aof")
 
@@ -54,8 +55,11 @@ class AppendOnlyFile:
     """The node's `persist` sink while appendonly is on (or while a rewrite runs)."""
 
     def __init__(self, path: str, policy: str, call_soon: Callable[[Callable[[], None]], Any],
-                 on_flushed: Callable[[], None], wait_rewrite: bool = False) -> None:
+                 on_flushed: Callable[[], None], wait_rewrite: bool = False,
+                 latency: LatencyMonitor | None = None) -> None:
         self.path = path
+        # slow writes and `always` fsyncs are recorded there
+        self.latency = latency if latency is not None else LatencyMonitor.disabled()
         self.policy = policy
         self.call_soon = call_soon
         self.on_flushed = on_flushed  # releases replies held for `always`
@@ -128,6 +132,7 @@ class AppendOnlyFile:
                     return True  # kept; the cron flushes again shortly
                 self.delayed_fsync += 1
             self.postponed_since = 0.0
+            started = self.latency.start()
             try:
                 write_all(self.fd, self.buf)
             except OSError as exc:
@@ -135,6 +140,7 @@ class AppendOnlyFile:
                     log.warning("aof.write_failed", error=exc.strerror, path=self.path)
                 self.last_write_error = exc.strerror or str(exc)
                 return False
+            self.latency.end(AOF_WRITE, started)
             if self.last_write_error is not None:
                 log.warning("aof.write_recovered", path=self.path)
             self.last_write_error = None
@@ -144,8 +150,10 @@ class AppendOnlyFile:
                 self.dirty_since = time.monotonic()
             self.dirty = True
         if fsync and self.dirty and self.fd is not None and not self.skip_fsync():
+            started = self.latency.start() if self.policy == "always" else OFF
             try:
                 os.fsync(self.fd)
+                self.latency.end(AOF_FSYNC_ALWAYS, started)
                 self.dirty = False
             except OSError as exc:
                 self.last_write_error = exc.strerror or str(exc)

@@ -177,7 +177,8 @@ def info_sections(server: Any) -> dict[str, list[tuple[str, Any]]]:
             ("connected_clients", len(clients)),
             ("client_longest_output_list", max(
                 (len(c.out) for c in clients), default=0)),
-            ("client_biggest_input_buf", 0),
+            ("client_biggest_input_buf", max(
+                (c.query_buffer() for c in clients), default=0)),
             # clients, not jobs: one ADDJOBS (or pipelined ADDJOBs) waits for many jobs
             ("blocked_clients", sum(1 for c in clients if c.waiter is not None)),
         ],
@@ -301,13 +302,19 @@ def check_client_name(name: bytes) -> None:
 
 
 def client_info(c: Any, now: float) -> str:
+    """One CLIENT LIST line. `qbuf`: bytes received and not run yet; `qbuf-free`: what the
+    connection may still buffer before client-query-buffer-limit closes it; `obl`: bytes
+    waiting in the transport; `oll`: reply chunks not yet handed to it; `omem`: both, in
+    bytes."""
     flags = "P" if c.closing else ("O" if c.monitor else ("b" if c.waiter else "N"))
     sock = c.transport.get_extra_info("socket") if c.transport else None
     fd = sock.fileno() if sock is not None else -1
+    qbuf = c.query_buffer()
+    obl, oll, omem = c.output_buffer()
     return (f"id={c.id} addr={c.addr} fd={fd} name={c.name.decode(errors='replace')} "
             f"age={int(now - c.ctime)} idle={int(now - c.last_interaction)} flags={flags} "
-            f"qbuf=0 qbuf-free=0 obl=0 oll={len(c.out)} "
-            f"omem={c.transport.get_write_buffer_size() if c.transport else 0} "
+            f"qbuf={qbuf} qbuf-free={max(c.reader.max_query - qbuf, 0)} obl={obl} "
+            f"oll={oll} omem={omem} "
             f"events=r cmd={c.last_cmd.name if c.last_cmd else 'NULL'}")
 
 
@@ -483,6 +490,10 @@ def cmd_debug(c: Any, argv: list[bytes]) -> None:
         if not c.server.aofm.debug_loadaof():
             raise CommandError("ERR")
         c.out.append(OK)
+    elif sub == b"raise" and n == 2:
+        # A handler failing unexpectedly, on purpose: the dispatcher must answer the
+        # internal-error reply, log the traceback and keep serving (tests, monitoring).
+        raise RuntimeError("DEBUG RAISE: a deliberate failure")
     elif sub == b"jmap" and n == 2:  # counts per state, handy for tests
         counts = [0, 0, 0, 0]
         for job in c.node.jobs.values():
@@ -532,26 +543,54 @@ def cmd_slowlog(c: Any, argv: list[bytes]) -> None:
         raise err("Unknown SLOWLOG subcommand or wrong # of args. Try GET, RESET, LEN.")
 
 
+LATENCY_HELP = (
+    "LATENCY <subcommand> [<arg> ...]. Subcommands are:",
+    "LATEST",
+    "    The latest sample of every event: [event, unix time, latency ms, all-time max ms].",
+    "HISTORY <event>",
+    "    The samples kept for <event> (at most 160, one per second): [unix time, ms].",
+    "RESET [<event> ...]",
+    "    Forget the samples of the named events (default: all); the number forgotten.",
+    "GRAPH <event>",
+    "    An ASCII graph of the samples kept for <event>.",
+    "DOCTOR",
+    "    A human readable report of the events recorded, with advice.",
+    "HELP",
+    "    This help.",
+)
+
+
 @command("latency", -2, "readonly admin loading")
 def cmd_latency(c: Any, argv: list[bytes]) -> None:
-    """Latency monitoring keeps no samples yet (latency-monitor-threshold is parsed): every
-    query answers as the original does with an empty history."""
+    """The latency monitor (disque.latency); events are named in ASCII, and an event given
+    as an argument is looked up exactly (RESET ignores case), as Redis does."""
     sub = argv[1].lower()
-    if sub == b"latest" and len(argv) == 2:
-        c.out.append(encode([], c.proto))
-    elif sub == b"history" and len(argv) == 3:
-        c.out.append(encode([], c.proto))
+    n = len(argv)
+    monitor = c.server.latency
+    if sub == b"latest" and n == 2:
+        c.out.append(encode(monitor.latest(), c.proto))
+    elif sub == b"history" and n == 3:
+        c.out.append(encode(monitor.history(event_name(argv[2])), c.proto))
     elif sub == b"reset":
-        c.out.append(integer(0))
-    elif sub == b"doctor" and len(argv) == 2:
-        c.out.append(bulk(b"No latency spikes were observed: the latency monitor is "
-                          b"enabled with latency-monitor-threshold (currently "
-                          + str(c.server.cfg.latency_monitor_threshold).encode()
-                          + b" ms) but keeps no samples in this version.\n"))
-    elif sub == b"graph" and len(argv) == 3:
-        raise err(f"No samples available for event '{argv[2].decode(errors='replace')}'")
+        names = None if n == 2 else [event_name(a) for a in argv[2:]]
+        c.out.append(integer(monitor.reset(names)))
+    elif sub == b"doctor" and n == 2:
+        cfg = c.server.cfg
+        report = monitor.doctor(cfg.slowlog_log_slower_than, cfg.appendfsync)
+        c.out.append(bulk(report.encode()))
+    elif sub == b"graph" and n == 3:
+        graph = monitor.graph(event_name(argv[2]))
+        if graph is None:
+            raise err(f"No samples available for event '{argv[2].decode(errors='replace')}'")
+        c.out.append(bulk(graph.encode()))
+    elif sub == b"help" and n == 2:
+        c.out.append(encode([Status(line) for line in LATENCY_HELP], c.proto))
     else:
         raise syntax()
+
+
+def event_name(arg: bytes) -> str:
+    return arg.decode("utf-8", "surrogateescape")
 
 
 # ---------------------------------------------------------------------------- CLUSTER

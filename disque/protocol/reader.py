@@ -241,6 +241,13 @@ class RequestReader:
         self.max_bulk = max_bulk
         self.max_query = max_query
 
+    def buffered(self) -> int:
+        """Bytes received and not yet parsed into a request: the one incomplete request held
+        (a multibulk one, whose bytes the guard counts, or an inline line). Read only by
+        CLIENT LIST and INFO, never on the request path."""
+        guard = self._guard
+        return len(self._inline) + (guard.req_bytes if guard is not None else 0)
+
     def feed(self, data: bytes, reqs: list) -> None:
         """Append the complete requests in `data` to `reqs`; raise ProtocolError if malformed.
 

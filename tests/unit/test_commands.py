@@ -18,6 +18,7 @@ from disque.cluster.membership import Membership
 from disque.commands import TABLE, load_all, parse_int
 from disque.config import load_config
 from disque.jobs.job import ACKED, ACTIVE, QUEUED
+from disque.latency import LatencyMonitor
 from disque.node import Node
 from disque.protocol.errors import CommandError
 
@@ -74,7 +75,8 @@ class FakeClient:
 class World:
     def __init__(self, tmp_path: Path) -> None:
         self.now = T0
-        self.node = Node(MYID, lambda: self.now, rng=random.Random(5))
+        self.latency = LatencyMonitor(lambda: self.now, lambda: self.now * 1_000_000)
+        self.node = Node(MYID, lambda: self.now, rng=random.Random(5), latency=self.latency)
         # The real (sans-I/O) node table; its effects are drained by the bus stub below.
         self.membership = Membership(MYID, 7711, clock=lambda: self.now, rng=random.Random(6))
         self.node.membership = self.membership
@@ -100,7 +102,7 @@ class World:
             shutdown=lambda **kw: self.shutdowns.append(b"shutdown"),
             cluster_reset=lambda hard: (self.resets.append(hard), self.node.flushall()),
             membership=self.membership, bus=SimpleNamespace(apply=self.membership.drain),
-            save_nodes_conf=lambda text: None,
+            save_nodes_conf=lambda text: None, latency=self.latency,
         )
         self.c = FakeClient(self.node, self.server)
         self.server.clients[self.c.id] = self.c
@@ -778,6 +780,14 @@ def test_debug_arguments(w, args, reply):
     assert w("DEBUG", *args) == reply
 
 
+def test_debug_raise_fails_as_an_unexpected_bug_would(w):
+    # not a CommandError: the dispatcher's internal-error path is what it exercises
+    with pytest.raises(RuntimeError, match="DEBUG RAISE"):
+        w("DEBUG", "RAISE")
+    assert w("DEBUG", "RAISE", "x") == (
+        b"-ERR Unknown DEBUG subcommand or wrong number of arguments for 'RAISE'\r\n")
+
+
 def test_debug_flushall(w):
     w.addjob()
     assert w("DEBUG", "FLUSHALL") == b"+OK\r\n"
@@ -836,9 +846,30 @@ def test_slowlog_arguments(w, args, reply):
     (["LATEST"], b"*0\r\n"),
     (["HISTORY", "ev"], b"*0\r\n"),
     (["RESET"], b":0\r\n"),
+    (["RESET", "command", "ev"], b":0\r\n"),
+    (["DOCTOR", "x"], SYNTAX),
+    (["HELP", "x"], SYNTAX),
+    (["GRAPH"], SYNTAX),
 ])
 def test_latency_arguments(w, args, reply):
     assert w("LATENCY", *args) == reply
+
+
+def test_latency_answers_from_the_monitor(w):
+    w.latency.set_threshold(10)
+    w.latency.add_command_sample(False, 52_000)
+    second = T0 // 1000
+    assert w("LATENCY", "LATEST") == (b"*1\r\n*4\r\n" + bulk(b"command")
+                                      + b":%d\r\n:52\r\n:52\r\n" % second)
+    assert w("LATENCY", "HISTORY", "command") == b"*1\r\n*2\r\n:%d\r\n:52\r\n" % second
+    assert w("LATENCY", "HISTORY", "COMMAND") == b"*0\r\n"  # event names are exact
+    assert w("LATENCY", "GRAPH", "command").startswith(b"$")
+    assert b"1. command: 1 latency spikes" in w("LATENCY", "DOCTOR")
+    help_lines = w("LATENCY", "help")
+    assert help_lines.startswith(b"*13\r\n+LATENCY <subcommand>")
+    assert w("LATENCY", "RESET", "COMMAND", "command") == b":1\r\n"  # RESET ignores case
+    assert w("LATENCY", "GRAPH", "command") == (
+        b"-ERR No samples available for event 'command'\r\n")
 
 
 CLUSTER_USAGE = b"-ERR Wrong CLUSTER subcommand or number of arguments\r\n"

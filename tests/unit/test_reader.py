@@ -435,3 +435,34 @@ def test_nul_byte_ends_an_inline_request_instead_of_looping_forever() -> None:
     assert split_inline(b"\0") == []
     assert split_inline(b"PING a\0b c") == [b"PING", b"a"]
     assert feed([b"PI\0NG\r\nPING\r\n"]) == ([[b"PI"], [b"PING"]], None)
+
+
+# ---------------------------------------------------------------------------------- buffered
+
+@given(st.lists(st.lists(st.binary(max_size=40), min_size=1, max_size=4), min_size=1,
+                max_size=4), st.data())
+@settings(suppress_health_check=[HealthCheck.too_slow])
+def test_buffered_counts_the_bytes_of_the_incomplete_request(reqs, data):
+    """CLIENT LIST qbuf: after any prefix of a pipeline, the bytes past the last whole
+    request; 0 once every request is complete."""
+    stream = b"".join(mbulk(r) for r in reqs)
+    ends = [sum(len(mbulk(r)) for r in reqs[:i + 1]) for i in range(len(reqs))]
+    r = RequestReader()
+    got: list[list[bytes]] = []
+    pos = 0
+    for cut in sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=5))):
+        r.feed(stream[pos:cut], got)
+        pos = max(pos, cut)
+        done = max([e for e in ends if e <= pos], default=0)
+        assert r.buffered() == pos - done
+    r.feed(stream[pos:], got)
+    assert got == reqs and r.buffered() == 0
+
+
+def test_buffered_counts_a_partial_inline_line():
+    r = RequestReader()
+    got: list[list[bytes]] = []
+    r.feed(b"PING\r\nECH", got)
+    assert got == [[b"PING"]] and r.buffered() == 3
+    r.feed(b"O hi\r\n", got)
+    assert got[-1] == [b"ECHO", b"hi"] and r.buffered() == 0
