@@ -1,11 +1,22 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.harness import DisqueProcess
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (`make test` runs two workers), each worker and every server or tool
+    it starts draws ports from its own share (disque/tools/ports.py), so two workers never
+    hand out the same port between a check and a server's bind."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if worker.startswith("gw") and count.isdigit():
+        os.environ["DISQUE_PORT_SLICE"] = f"{int(worker[2:])}/{count}"
 
 
 @pytest.fixture

@@ -25,6 +25,9 @@ from tests.harness import DisqueProcess, wait_for
 from tests.integration.resp import Conn, Err
 
 NODE_TIMEOUT = 1000  # ms: short, so that failure detection fits in a test
+# ms: for clusters whose test does not check failure detection, long enough that a node
+# starved of CPU for a second or two on a loaded 2-core machine is not flagged failing
+CALM_NODE_TIMEOUT = 5000
 MESH_DEADLINE = 30.0  # s: generous; a mesh of five local nodes forms in well under a second
 
 
@@ -227,6 +230,73 @@ def cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
     finally:
         for p in [*started, *(p for c in clusters for p in c.nodes)]:
             p.kill()
+
+
+# ---------------------------------------------------------------------------- shared clusters
+def _healthy(c: Cluster) -> bool:
+    try:
+        return all(p.alive() for p in c.nodes) and c.meshed()
+    except (OSError, AssertionError):
+        return False
+
+
+def _wipe(c: Cluster) -> None:
+    """Every job, queue and counter gone, so that the next test starts as on a new cluster.
+    (A bus message of the last test still in flight can still land; tests that share a
+    cluster use queue names of their own, so it never lands in theirs.)"""
+    for p in c.nodes:
+        ok(p, "DEBUG", "FLUSHALL")
+        ok(p, "CONFIG", "RESETSTAT")
+
+
+@pytest.fixture(scope="session")
+def _shared_clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[Any, Cluster]]:
+    made: dict[Any, Cluster] = {}
+    try:
+        yield made
+    finally:
+        for c in made.values():
+            for p in c.nodes:
+                p.kill()
+
+
+@pytest.fixture
+def shared_cluster(_shared_clusters: dict[Any, Cluster],
+                   tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Cluster]:
+    """Factory: shared_cluster(n, args=[...]) -> a meshed n-node cluster (node timeout
+    CALM_NODE_TIMEOUT) shared by the tests of this test process that ask for the same n and
+    args, wiped of jobs, queues and stats before each one (see _wipe).
+
+    Only for tests that leave the cluster as they found it: they add, get, ack, nack, pause,
+    scan... on queue names of their own, and never kill, stop, freeze, restart, partition,
+    reset or reconfigure a node (CONFIG SET, CLUSTER MEET/FORGET/RESET, LEAVING) nor count
+    what other tests' stragglers could add (whole-node job counts are fine right after the
+    wipe only if the test's own traffic is all that can arrive). A test that does any of
+    that uses `cluster`. A cluster found unhealthy is replaced."""
+    def factory(n: int, args: list[str] | None = None) -> Cluster:
+        key = (n, tuple(args or ()))
+        c = _shared_clusters.get(key)
+        if c is not None and not _healthy(c):
+            for p in c.nodes:
+                p.kill()
+            c = None
+        if c is None:
+            base = tmp_path_factory.mktemp(f"shared{n}-")
+            procs = [DisqueProcess(base / f"node{i}",
+                                   args=["--cluster-node-timeout", str(CALM_NODE_TIMEOUT),
+                                         *(args or [])])
+                     for i in range(n)]
+            _shared_clusters[key] = c = Cluster(procs)
+            for p in procs:
+                p.start(wait=False)
+            for p in procs:
+                p.wait_ready()
+            c.meet_via_first()
+            c.wait_mesh()
+        _wipe(c)
+        return c
+
+    return factory
 
 
 # ---------------------------------------------------------------------------- NAT stand-in
