@@ -47,11 +47,17 @@ install: $(STAMP)
 run: install
 	$(VENV)/bin/disque-server conf/disque.conf --port $(PORT) --dir run/node-$(PORT)
 
+# The suite on TEST_WORKERS pytest-xdist workers (each with its own port share; the Spark
+# tests stay together on one worker, see tests/spark/conftest.py), the 30 slowest listed.
+# TEST_WORKERS=0 runs it in this one process.
+TEST_WORKERS ?= 2
+PYTEST_RUN = $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=30
+
 test: install system-deps
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PYTEST_RUN) $(PYTEST_ARGS)
 
 test-fast: install system-deps
-	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(PYTEST_RUN) -m "not slow" $(PYTEST_ARGS)
 
 bench: install system-deps
 	$(PY) -m benchmarks.run $(BENCH_ARGS)

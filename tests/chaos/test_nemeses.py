@@ -13,7 +13,7 @@ import pytest
 
 from tests.chaos.nemesis import run_chaos, table
 
-SECONDS = float(os.environ.get("DISQUE_CHAOS_SECONDS", "20"))
+SECONDS = float(os.environ.get("DISQUE_CHAOS_SECONDS", "10"))
 
 
 def run(nemesis: str, tmp_path: Path) -> dict:

@@ -2,11 +2,13 @@
 row 2): 5 nodes, short node timeout, AOF everysec, REPLICATE 3, RETRY 1; nodes restarted one
 at a time (SIGKILL, down, up again with the same dir) during ADDJOB / GETJOB+ACKJOB traffic.
 Every job whose ADDJOB returned an ID must be delivered at least once once things heal.
-The mapped chaos test kills one node once, without AOF; this one does the rolling restarts.
+The mapped chaos test kills one node once, without AOF; this one does the rolling restarts
+(DISQUE_ROLLING_ROUNDS rounds, 1 by default).
 """
 
 from __future__ import annotations
 
+import os
 import random
 import time
 
@@ -17,6 +19,8 @@ from tests.harness import wait_for
 from tests.integration.resp import Status
 
 Q = "jepsen"
+# Rounds of restarting every node once: make test runs one, a release check more.
+ROUNDS = int(os.environ.get("DISQUE_ROLLING_ROUNDS", "1"))
 
 
 @pytest.mark.slow
@@ -60,7 +64,7 @@ def test_rolling_restarts_lose_no_acknowledged_job(cluster):
                     safe(i, "ACKJOB", *ids)
 
     traffic(2)
-    for _rnd_round in range(2):
+    for _rnd_round in range(ROUNDS):
         for i in range(len(c)):
             c[i].kill()  # SIGKILL
             down.add(i)

@@ -1,4 +1,6 @@
-"""A real local Spark session and a real 3-node cluster, both shared by a test module.
+"""A real local Spark session and a real 3-node cluster, both shared by every Spark test of
+the test process (modules use queue names of their own). Under pytest-xdist the Spark tests
+all run on one worker (group "spark"), so the JVM starts once per run.
 
 Spark's Python workers run PYSPARK_PYTHON, not the interpreter running pytest: without it
 they would start the system `python3`, which has neither redis nor disque. The session also
@@ -27,7 +29,14 @@ SPARK_ENV = {
 }
 
 
-@pytest.fixture(scope="module")
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(item.path).parents:
+            item.add_marker(pytest.mark.xdist_group("spark"))
+
+
+@pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     pytest.importorskip("pyspark")
     pytest.importorskip("pyarrow")
@@ -55,7 +64,7 @@ def spark() -> Iterator[Any]:
                 os.environ[k] = v
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def disque_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """Three nodes meshed through the first one, shared by the module's tests."""
     base: Path = tmp_path_factory.mktemp("spark-cluster")
