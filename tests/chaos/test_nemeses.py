@@ -1,8 +1,8 @@
-"""Issue 13's short chaos runs, one per nemesis (tests/chaos/nemesis.py): about 20 s of
-faults under load on a real 5-node cluster, then healing and draining. Every job whose
-ADDJOB returned an ID is delivered (lost == 0) and nothing is delivered that was not added
-(unexpected == 0). Rates (duplicates, deliveries after an ACK) are printed, not asserted:
-`make chaos` reports them for longer runs."""
+"""Issue 13's short chaos runs, one per nemesis (tests/chaos/nemesis.py): DISQUE_CHAOS_SECONDS
+(10 by default) of faults under load on a real 5-node cluster, then healing and draining.
+Every job whose ADDJOB returned an ID is delivered (lost == 0) and nothing is delivered that
+was not added (unexpected == 0). Rates (duplicates, deliveries after an ACK) are printed, not
+asserted: `make chaos` reports them for longer runs."""
 
 from __future__ import annotations
 
