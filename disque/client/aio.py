@@ -35,7 +35,7 @@ from disque.client.base import (
 )
 from disque.client.batch import AddJobsBatch
 from disque.client.calls import Call
-from disque.client.consumer import Heartbeats
+from disque.client.consumer import Heartbeats, consume_queues
 from disque.client.errors import (
     DisqueConnectionError,
     DisqueError,
@@ -431,7 +431,7 @@ class AsyncClient(ClientBase):
         return await self._run(calls.ping())
 
     # -- consumer ------------------------------------------------------------------------------
-    async def consume(self, queues: str | Sequence[str],
+    async def consume(self, queues: str | bytes | Sequence[str | bytes],
                       handler: Callable[[Job], Awaitable[Any] | Any], *, concurrency: int = 1,
                       stop_event: asyncio.Event | None = None, count: int = 1,
                       poll_ms: int = 1000, max_jobs: int | None = None, working: bool = True,
@@ -439,8 +439,9 @@ class AsyncClient(ClientBase):
                       follow_every: int = 100, handle_signals: bool = True,
                       with_counters: bool = True, error_backoff: float = 0.5) -> ConsumeStats:
         """The asyncio twin of `Client.consume`: `concurrency` tasks; `handler` may be a
-        coroutine function or a plain function."""
-        qs = [queues] if isinstance(queues, str) else list(queues)
+        coroutine function or a plain function. Bad arguments raise ValueError at once."""
+        qs = consume_queues(queues, concurrency=concurrency, count=count, poll_ms=poll_ms,
+                            max_jobs=max_jobs)
         stop = stop_event or asyncio.Event()
         stats = ConsumeStats()
         beats = Heartbeats(first_check=heartbeat_after)

@@ -23,7 +23,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -102,13 +102,40 @@ def stop_on_signals(on_stop: Callable[[str], None]) -> Callable[[], None]:
     return restore
 
 
+def _positive(name: str, value: object, least: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{name} must be an integer >= {least}, not {value!r}")
+
+
+def consume_queues(queues: str | bytes | Iterable[str | bytes] | None, *, concurrency: int,
+                   count: int, poll_ms: int, max_jobs: int | None) -> list[str | bytes]:
+    """The queues `consume` reads (one name, str or bytes, or several), after checking its
+    arguments: ValueError before anything starts rather than a consumer that spins on a
+    refused GETJOB, blocks in GETJOB past a stop (`poll_ms` 0 would) or does nothing.
+    The blocking and the asyncio consumers both call it."""
+    if isinstance(queues, (str, bytes)):
+        names: list[str | bytes] = [queues]
+    else:
+        names = list(queues) if queues is not None else []
+    if not names:
+        raise ValueError("consume needs at least one queue")
+    _positive("concurrency", concurrency)
+    _positive("count", count)
+    _positive("poll_ms", poll_ms)
+    if max_jobs is not None and (isinstance(max_jobs, bool) or not isinstance(max_jobs, int)
+                                 or max_jobs < 0):
+        raise ValueError(f"max_jobs must be None or an integer >= 0, not {max_jobs!r}")
+    return names
+
+
 class Consumer:
     """See the module docstring. Options: `count` (jobs per GETJOB, default 1), `poll_ms`
     (GETJOB TIMEOUT, default 1000), `max_jobs`, `working` (heartbeats on, default True),
     `heartbeat_after` (s, default 0.2), `follow_producers` (default True), `handle_signals`
     (default True), `with_counters` (default True), `error_backoff` (s, default 0.5)."""
 
-    def __init__(self, client: Client, queues: list[str], handler: Callable[[Job], Any], *,
+    def __init__(self, client: Client, queues: str | bytes | Iterable[str | bytes] | None,
+                 handler: Callable[[Job], Any], *,
                  concurrency: int = 1, stop_event: threading.Event | None = None,
                  count: int = 1, poll_ms: int = 1000, max_jobs: int | None = None,
                  working: bool = True, heartbeat_after: float = 0.2,
@@ -116,12 +143,9 @@ class Consumer:
                  handle_signals: bool = True, with_counters: bool = True,
                  error_backoff: float = 0.5, clock: Callable[[], float] = time.monotonic
                  ) -> None:
-        if concurrency < 1:
-            raise ValueError("concurrency must be >= 1")
-        if not queues:
-            raise ValueError("consume needs at least one queue")
+        self.queues = consume_queues(queues, concurrency=concurrency, count=count,
+                                     poll_ms=poll_ms, max_jobs=max_jobs)
         self.client = client
-        self.queues = queues
         self.handler = handler
         self.concurrency = concurrency
         self.stop = stop_event or threading.Event()
