@@ -37,6 +37,7 @@ from disque.client.batch import AddJobsBatch
 from disque.client.calls import Call
 from disque.client.consumer import Heartbeats, consume_queues
 from disque.client.errors import (
+    AuthError,
     DisqueConnectionError,
     DisqueError,
     LeavingError,
@@ -449,6 +450,7 @@ class AsyncClient(ClientBase):
         reserved = 0
         since_follow = 0
         wake = asyncio.Event()
+        fatal: list[AuthError] = []  # a refused password stops every worker (consumer.py)
 
         def reserve() -> int:
             nonlocal reserved
@@ -521,6 +523,12 @@ class AsyncClient(ClientBase):
                 try:
                     jobs, node = await self._get_job_from(qs, timeout=poll_ms, count=want,
                                                           with_counters=with_counters)
+                except AuthError as exc:
+                    if max_jobs is not None:
+                        reserved -= want
+                    fatal.append(exc)
+                    stop.set()
+                    return
                 except DisqueError as exc:
                     if max_jobs is not None:
                         reserved -= want
@@ -594,4 +602,6 @@ class AsyncClient(ClientBase):
                     await beat_task
             for signum in installed:
                 loop.remove_signal_handler(signum)
+        if fatal:
+            raise fatal[0]
         return stats

@@ -12,6 +12,9 @@
   recent jobs carry another node's ID prefix, the client moves to that node.
 - It stops on `stop_event`, on SIGINT/SIGTERM (when run from the main thread), or after
   exactly `max_jobs` jobs; jobs already fetched are still handled and acknowledged.
+- GETJOB errors are logged and retried after `error_backoff` (a node may come back), except
+  an `AuthError`: a missing or refused password does not heal by waiting, so it stops the
+  consumer like a stop event, and `run` raises it.
 
 The stdlib `logging` is used (not structlog) so that the client stays importable on Spark
 executors that only have redis-py installed.
@@ -28,7 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from disque.client.base import ConsumeStats
-from disque.client.errors import DisqueError, NoJobError, TooLateError
+from disque.client.errors import AuthError, DisqueError, NoJobError, TooLateError
 from disque.client.nodes import LEAVING_PRIORITY, Node, PrefixStats
 from disque.client.replies import Job
 
@@ -166,6 +169,7 @@ class Consumer:
         self._reserved = 0
         self._since_follow = 0
         self._wake = threading.Condition(self._lock)
+        self.fatal: AuthError | None = None  # raised by run() once the workers are done
 
     # -- running ---------------------------------------------------------------------------
     def run(self) -> ConsumeStats:
@@ -189,6 +193,8 @@ class Consumer:
             if beat.is_alive():
                 beat.join(timeout=5)
             restore()
+        if self.fatal is not None:
+            raise self.fatal
         return self.stats
 
     def _install_signals(self) -> Callable[[], None]:
@@ -231,6 +237,12 @@ class Consumer:
                 jobs, node = self.client._get_job_from(
                     self.queues, timeout=self.poll_ms, count=want,
                     with_counters=self.with_counters)
+            except AuthError as exc:
+                self._unreserve(want)
+                with self._lock:
+                    self.fatal = self.fatal or exc
+                self.stop.set()
+                return
             except DisqueError as exc:
                 self._unreserve(want)
                 self._error(f"GETJOB: {exc}")

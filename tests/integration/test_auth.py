@@ -229,3 +229,40 @@ async def test_async_client_raises_auth_error_on_a_wrong_or_missing_password(
     async with AsyncClient([f"127.0.0.1:{secured.port}"], password=PASSWORD,
                            protocol=protocol) as c:
         assert await c.ping() == "PONG"
+
+
+@pytest.mark.parametrize("password", ["wrong", None], ids=["wrong", "missing"])
+def test_consume_raises_auth_error_instead_of_retrying_for_ever(
+        secured: DisqueProcess, password: str | None) -> None:
+    import threading
+
+    from disque.client import AuthError, Client
+
+    out: list[BaseException | object] = []
+
+    def run() -> None:
+        with Client([f"127.0.0.1:{secured.port}"], password=password) as c:
+            try:
+                out.append(c.consume("authq", lambda job: None, concurrency=2, poll_ms=200))
+            except BaseException as exc:  # noqa: BLE001 - handed to the test
+                out.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(60)  # a hang guard: the first GETJOB's refusal ends it
+    assert out, "consume() still running: it retries a refused password for ever"
+    assert isinstance(out[0], AuthError), out[0]
+
+
+@pytest.mark.parametrize("password", ["wrong", None], ids=["wrong", "missing"])
+async def test_async_consume_raises_auth_error_instead_of_retrying_for_ever(
+        secured: DisqueProcess, password: str | None) -> None:
+    import asyncio
+
+    from disque.client import AsyncClient, AuthError
+
+    async with AsyncClient([f"127.0.0.1:{secured.port}"], password=password) as c:
+        with pytest.raises(AuthError):
+            # (a hang guard: the first GETJOB's refusal ends it)
+            await asyncio.wait_for(c.consume("authq", lambda job: None, concurrency=2,
+                                             poll_ms=200), 60)
