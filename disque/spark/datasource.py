@@ -18,8 +18,8 @@ logged by `commit`. Options: `nodes`, `queue` (required); `bodyColumn` (default 
 the only column), `bodyFormat` (`raw` | `json`), `replicate`, `retry`, `ttl`, `delay`,
 `maxlen`, `async`, `timeoutMs`, `batchSize` (500), `dedup` (true), `dedupKeyColumn`,
 `dedupPrefix`, `maxAttempts`, `connections` (per partition; default 1, or 8 for synchronous
-replicated batches to a node without ADDJOBS, which gets pipelined ADDJOBs), `password`,
-`failOnError`.
+replicated batches to a node without ADDJOBS, which gets pipelined ADDJOBs), `password`
+(else the one of a `disque://:secret@...` nodes URL), `failOnError`.
 
 Streaming reader (at-least-once)
 --------------------------------
@@ -72,6 +72,7 @@ from pyspark.sql.datasource import (
 )
 
 from disque.client.errors import DisqueError
+from disque.client.nodes import url_password
 from disque.client.replies import Job
 from disque.client.sync import Client
 from disque.spark.producer import (
@@ -177,9 +178,11 @@ def _nodes(options: Any) -> list[str]:
 
 
 def _client_options(options: Any) -> dict[str, Any]:
+    """The password option, else the one of a `disque://:secret@...` nodes URL."""
     out: dict[str, Any] = {}
-    if options.get("password"):
-        out["password"] = options.get("password")
+    password = options.get("password") or url_password(str(options.get("nodes") or ""))
+    if password:
+        out["password"] = password
     return out
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from disque.client.nodes import url_password
 from disque.spark.producer import (
     PartitionProducer,
     ProducerConfig,
@@ -55,7 +56,8 @@ def write_jobs(df: Any, queue: str, nodes: str | Iterable[str], body_col: str = 
     """Add one job per row of `df` to `queue`, from the executors.
 
     - `nodes`: `"h:p,h:p"`, `"disque://h:p,..."` or a list; partition p goes to
-      `nodes[p % len(nodes)]` (the next node only if that one is down).
+      `nodes[p % len(nodes)]` (the next node only if that one is down). The password of a
+      `disque://:secret@...` URL is used unless `password` is given.
     - `body_col` / `body_format`: `"raw"` uses that column (string or binary), `"json"` the
       whole row as a JSON object; `body_fn(row)` computes the body instead.
     - `replicate`, `retry`, `ttl`, `delay`, `maxlen`, `async_`, `timeout_ms`: ADDJOB's
@@ -91,6 +93,7 @@ def write_jobs(df: Any, queue: str, nodes: str | Iterable[str], body_col: str = 
         raise ValueError(f"nodes: {exc}") from None
     if protocol not in (None, 2, 3):
         raise ValueError(f"protocol must be 2 or 3, not {protocol!r}")
+    password = password or url_password(nodes)  # normalize_nodes drops the URL's
     cfg = ProducerConfig(
         nodes=node_list, queue=queue, timeout_ms=timeout_ms, replicate=replicate,
         retry=retry, ttl=ttl, delay=delay, maxlen=maxlen, async_=async_,

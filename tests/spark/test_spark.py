@@ -432,3 +432,32 @@ def test_stream_reader_refuses_bad_options_when_the_query_starts(
     finally:
         query.stop()
     assert f"ValueError: {message}" in str(info.value), str(info.value)
+
+
+def test_a_password_in_a_disque_url_is_used_by_write_jobs_and_the_data_source(
+        spark, tmp_path):
+    """`disque://:secret@host:port` is a documented form of `nodes`: its password reaches
+    the executors' clients (it was dropped with the URL, and every row failed to
+    authenticate)."""
+    from tests.harness import DisqueProcess
+    from tests.integration.resp import Conn
+
+    proc = DisqueProcess(tmp_path / "secured", args=["--requirepass", "sp4rk"])
+    proc.start(wait=False)
+    try:
+        def up() -> bool:
+            with Conn(proc.port, timeout=2) as c:
+                return c.cmd("AUTH", "sp4rk") == "OK"
+        wait_for(up, timeout=30, what="the password-protected node")
+        url = f"disque://:sp4rk@127.0.0.1:{proc.port}"
+        result = write_jobs(rows_df(spark, 100, partitions=2, prefix="pw"), "pwq", url,
+                            replicate=1)
+        assert result == WriteResult(added=100, failed=0)
+        register(spark)
+        (rows_df(spark, 50, partitions=2, prefix="pd").select("body").write.format("disque")
+         .option("nodes", url).option("queue", "pwq").option("replicate", "1")
+         .mode("append").save())
+        with Client([f"127.0.0.1:{proc.port}"], password="sp4rk") as c:
+            assert c.qlen("pwq") == 150
+    finally:
+        proc.kill()
