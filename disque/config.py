@@ -123,6 +123,8 @@ class Config:
     http_port: int = 0
     http_password: str = ""
     metrics_max_queues: int = 100
+    http_idle_timeout: int = 10  # s to send a request header (at connect, or after a reply)
+    http_body_timeout: int = 5  # s for a request body to arrive
     # slow log, latency monitor, watchdog
     slowlog_log_slower_than: int = 10000
     slowlog_max_len: int = 128
@@ -544,6 +546,9 @@ DIRECTIVES: tuple[Directive, ...] = (
     D("http-port", _Int(0, 65535), settable=True),
     D("http-password", _Secret(MAX_PASSWORD_LEN), settable=True),
     D("metrics-max-queues", _Int(0), settable=True),
+    # read when the HTTP side starts (aiohttp fixes them per listener)
+    D("http-idle-timeout", _Int(1, 86400)),
+    D("http-body-timeout", _Int(1, 86400)),
     # in the file, not in CONFIG GET
     D("syslog-enabled", _Bool(), shown=False),
     D("syslog-ident", _String(), shown=False),

@@ -35,8 +35,9 @@ from disque.client.base import (
 )
 from disque.client.batch import AddJobsBatch
 from disque.client.calls import Call
-from disque.client.consumer import Heartbeats
+from disque.client.consumer import Heartbeats, consume_queues
 from disque.client.errors import (
+    AuthError,
     DisqueConnectionError,
     DisqueError,
     LeavingError,
@@ -431,7 +432,7 @@ class AsyncClient(ClientBase):
         return await self._run(calls.ping())
 
     # -- consumer ------------------------------------------------------------------------------
-    async def consume(self, queues: str | Sequence[str],
+    async def consume(self, queues: str | bytes | Sequence[str | bytes],
                       handler: Callable[[Job], Awaitable[Any] | Any], *, concurrency: int = 1,
                       stop_event: asyncio.Event | None = None, count: int = 1,
                       poll_ms: int = 1000, max_jobs: int | None = None, working: bool = True,
@@ -439,8 +440,9 @@ class AsyncClient(ClientBase):
                       follow_every: int = 100, handle_signals: bool = True,
                       with_counters: bool = True, error_backoff: float = 0.5) -> ConsumeStats:
         """The asyncio twin of `Client.consume`: `concurrency` tasks; `handler` may be a
-        coroutine function or a plain function."""
-        qs = [queues] if isinstance(queues, str) else list(queues)
+        coroutine function or a plain function. Bad arguments raise ValueError at once."""
+        qs = consume_queues(queues, concurrency=concurrency, count=count, poll_ms=poll_ms,
+                            max_jobs=max_jobs)
         stop = stop_event or asyncio.Event()
         stats = ConsumeStats()
         beats = Heartbeats(first_check=heartbeat_after)
@@ -448,6 +450,7 @@ class AsyncClient(ClientBase):
         reserved = 0
         since_follow = 0
         wake = asyncio.Event()
+        fatal: list[AuthError] = []  # a refused password stops every worker (consumer.py)
 
         def reserve() -> int:
             nonlocal reserved
@@ -520,6 +523,12 @@ class AsyncClient(ClientBase):
                 try:
                     jobs, node = await self._get_job_from(qs, timeout=poll_ms, count=want,
                                                           with_counters=with_counters)
+                except AuthError as exc:
+                    if max_jobs is not None:
+                        reserved -= want
+                    fatal.append(exc)
+                    stop.set()
+                    return
                 except DisqueError as exc:
                     if max_jobs is not None:
                         reserved -= want
@@ -593,4 +602,6 @@ class AsyncClient(ClientBase):
                     await beat_task
             for signum in installed:
                 loop.remove_signal_handler(signum)
+        if fatal:
+            raise fatal[0]
         return stats

@@ -12,6 +12,9 @@
   recent jobs carry another node's ID prefix, the client moves to that node.
 - It stops on `stop_event`, on SIGINT/SIGTERM (when run from the main thread), or after
   exactly `max_jobs` jobs; jobs already fetched are still handled and acknowledged.
+- GETJOB errors are logged and retried after `error_backoff` (a node may come back), except
+  an `AuthError`: a missing or refused password does not heal by waiting, so it stops the
+  consumer like a stop event, and `run` raises it.
 
 The stdlib `logging` is used (not structlog) so that the client stays importable on Spark
 executors that only have redis-py installed.
@@ -23,12 +26,12 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from disque.client.base import ConsumeStats
-from disque.client.errors import DisqueError, NoJobError, TooLateError
+from disque.client.errors import AuthError, DisqueError, NoJobError, TooLateError
 from disque.client.nodes import LEAVING_PRIORITY, Node, PrefixStats
 from disque.client.replies import Job
 
@@ -102,13 +105,40 @@ def stop_on_signals(on_stop: Callable[[str], None]) -> Callable[[], None]:
     return restore
 
 
+def _positive(name: str, value: object, least: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{name} must be an integer >= {least}, not {value!r}")
+
+
+def consume_queues(queues: str | bytes | Iterable[str | bytes] | None, *, concurrency: int,
+                   count: int, poll_ms: int, max_jobs: int | None) -> list[str | bytes]:
+    """The queues `consume` reads (one name, str or bytes, or several), after checking its
+    arguments: ValueError before anything starts rather than a consumer that spins on a
+    refused GETJOB, blocks in GETJOB past a stop (`poll_ms` 0 would) or does nothing.
+    The blocking and the asyncio consumers both call it."""
+    if isinstance(queues, (str, bytes)):
+        names: list[str | bytes] = [queues]
+    else:
+        names = list(queues) if queues is not None else []
+    if not names:
+        raise ValueError("consume needs at least one queue")
+    _positive("concurrency", concurrency)
+    _positive("count", count)
+    _positive("poll_ms", poll_ms)
+    if max_jobs is not None and (isinstance(max_jobs, bool) or not isinstance(max_jobs, int)
+                                 or max_jobs < 0):
+        raise ValueError(f"max_jobs must be None or an integer >= 0, not {max_jobs!r}")
+    return names
+
+
 class Consumer:
     """See the module docstring. Options: `count` (jobs per GETJOB, default 1), `poll_ms`
     (GETJOB TIMEOUT, default 1000), `max_jobs`, `working` (heartbeats on, default True),
     `heartbeat_after` (s, default 0.2), `follow_producers` (default True), `handle_signals`
     (default True), `with_counters` (default True), `error_backoff` (s, default 0.5)."""
 
-    def __init__(self, client: Client, queues: list[str], handler: Callable[[Job], Any], *,
+    def __init__(self, client: Client, queues: str | bytes | Iterable[str | bytes] | None,
+                 handler: Callable[[Job], Any], *,
                  concurrency: int = 1, stop_event: threading.Event | None = None,
                  count: int = 1, poll_ms: int = 1000, max_jobs: int | None = None,
                  working: bool = True, heartbeat_after: float = 0.2,
@@ -116,12 +146,9 @@ class Consumer:
                  handle_signals: bool = True, with_counters: bool = True,
                  error_backoff: float = 0.5, clock: Callable[[], float] = time.monotonic
                  ) -> None:
-        if concurrency < 1:
-            raise ValueError("concurrency must be >= 1")
-        if not queues:
-            raise ValueError("consume needs at least one queue")
+        self.queues = consume_queues(queues, concurrency=concurrency, count=count,
+                                     poll_ms=poll_ms, max_jobs=max_jobs)
         self.client = client
-        self.queues = queues
         self.handler = handler
         self.concurrency = concurrency
         self.stop = stop_event or threading.Event()
@@ -142,6 +169,7 @@ class Consumer:
         self._reserved = 0
         self._since_follow = 0
         self._wake = threading.Condition(self._lock)
+        self.fatal: AuthError | None = None  # raised by run() once the workers are done
 
     # -- running ---------------------------------------------------------------------------
     def run(self) -> ConsumeStats:
@@ -165,6 +193,8 @@ class Consumer:
             if beat.is_alive():
                 beat.join(timeout=5)
             restore()
+        if self.fatal is not None:
+            raise self.fatal
         return self.stats
 
     def _install_signals(self) -> Callable[[], None]:
@@ -207,6 +237,12 @@ class Consumer:
                 jobs, node = self.client._get_job_from(
                     self.queues, timeout=self.poll_ms, count=want,
                     with_counters=self.with_counters)
+            except AuthError as exc:
+                self._unreserve(want)
+                with self._lock:
+                    self.fatal = self.fatal or exc
+                self.stop.set()
+                return
             except DisqueError as exc:
                 self._unreserve(want)
                 self._error(f"GETJOB: {exc}")

@@ -71,7 +71,8 @@ class OutOfMemoryError(DisqueError):
 
 
 class AuthError(DisqueError):
-    """-NOAUTH / -WRONGPASS: authentication is required or was refused."""
+    """-NOAUTH / -WRONGPASS / AUTH's -ERR invalid password: a password is required (none
+    was given) or the one given was refused. Raised by the first command, not retried."""
 
     prefix = "NOAUTH"
 
@@ -115,9 +116,13 @@ def error_from_redis(exc: BaseException) -> DisqueError:
     code = getattr(exc, "status_code", None)
     if not code:
         code = _REDIS_CLASS_CODES.get(type(exc).__name__)
-    if code:
-        return error_from_reply(f"{code} {text}")
-    return error_from_reply(text)
+    error = error_from_reply(f"{code} {text}" if code else text)
+    if not isinstance(error, AuthError) and any(
+            cls.__name__ == "AuthenticationError" for cls in type(exc).__mro__):
+        # a refused password without an auth prefix: AUTH's `-ERR invalid password` (the
+        # original's answer, and what a RESP2 client gets)
+        return AuthError(error.message, error.prefix)
+    return error
 
 
 # redis-py exception classes whose prefix it strips, for versions without `status_code`.

@@ -436,14 +436,15 @@ class Client(ClientBase):
         return self._run(calls.ping())
 
     # -- consumer ------------------------------------------------------------------------------
-    def consume(self, queues: str | Sequence[str], handler: Callable[[Job], Any], *,
-                concurrency: int = 1, stop_event: threading.Event | None = None,
-                **options: Any) -> ConsumeStats:
+    def consume(self, queues: str | bytes | Sequence[str | bytes],
+                handler: Callable[[Job], Any], *, concurrency: int = 1,
+                stop_event: threading.Event | None = None, **options: Any) -> ConsumeStats:
         """Run workers until `stop_event` is set, SIGINT/SIGTERM, or `max_jobs`: GETJOB,
         `handler(job)`, ACKJOB on success, NACK on exception, WORKING while a handler runs
-        long. See `disque.client.consumer.Consumer` for the options."""
+        long. See `disque.client.consumer.Consumer` for the options; bad ones (no queue,
+        `concurrency` < 1...) raise ValueError before anything starts."""
         from disque.client.consumer import Consumer
 
-        consumer = Consumer(self, [queues] if isinstance(queues, str) else list(queues),
-                            handler, concurrency=concurrency, stop_event=stop_event, **options)
+        consumer = Consumer(self, queues, handler, concurrency=concurrency,
+                            stop_event=stop_event, **options)
         return consumer.run()

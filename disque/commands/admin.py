@@ -296,8 +296,13 @@ def reset_stats(server: Any) -> None:
 
 
 # ---------------------------------------------------------------------------- CLIENT
+def printable(value: bytes) -> bool:
+    """Only `!`..`~`: CLIENT LIST lines are split by spaces, so a value must not hold one."""
+    return all(33 <= ch <= 126 for ch in value)
+
+
 def check_client_name(name: bytes) -> None:
-    if any(ch < 33 or ch > 126 for ch in name):
+    if not printable(name):
         raise err("Client names cannot contain spaces, newlines or special characters.")
 
 
@@ -315,7 +320,9 @@ def client_info(c: Any, now: float) -> str:
             f"age={int(now - c.ctime)} idle={int(now - c.last_interaction)} flags={flags} "
             f"qbuf={qbuf} qbuf-free={max(c.reader.max_query - qbuf, 0)} obl={obl} "
             f"oll={oll} omem={omem} "
-            f"events=r cmd={c.last_cmd.name if c.last_cmd else 'NULL'}")
+            f"events=r cmd={c.last_cmd.name if c.last_cmd else 'NULL'} "
+            f"lib-name={c.lib_name.decode(errors='replace')} "
+            f"lib-ver={c.lib_ver.decode(errors='replace')}")
 
 
 CLIENT_SYNTAX = ("Syntax error, try CLIENT (LIST | KILL ip:port | GETNAME | "
@@ -337,17 +344,12 @@ def cmd_client(c: Any, argv: list[bytes]) -> None:
         check_client_name(argv[2])
         c.name = argv[2]
         c.out.append(OK)
+    elif sub == b"info" and n == 2:
+        c.out.append(bulk((client_info(c, time.monotonic()) + "\n").encode()))
     elif sub == b"id" and n == 2:
         c.out.append(integer(c.id))
     elif sub == b"setinfo" and n == 4:
-        attr = argv[2].lower()
-        if attr == b"lib-name":
-            check_client_name(argv[3])
-            c.lib_name = argv[3]
-        elif attr == b"lib-ver":
-            c.lib_ver = argv[3]
-        else:
-            raise err(f"Unrecognized option '{argv[2].decode(errors='replace')}'")
+        client_setinfo(c, argv[2], argv[3])
         c.out.append(OK)
     elif sub == b"kill" and n == 3:
         target = argv[2].decode(errors="replace")
@@ -379,6 +381,21 @@ def cmd_client(c: Any, argv: list[bytes]) -> None:
             raise syntax()
     else:
         raise err(CLIENT_SYNTAX)
+
+
+def client_setinfo(c: Any, attr: bytes, value: bytes) -> None:
+    """CLIENT SETINFO LIB-NAME|LIB-VER value, with Redis 7.2's replies (the attribute as
+    typed); the values show in CLIENT LIST / CLIENT INFO."""
+    typed = attr.decode(errors="replace")
+    low = attr.lower()
+    if low not in (b"lib-name", b"lib-ver"):
+        raise err(f"Unrecognized option '{typed}'")
+    if not printable(value):
+        raise err(f"{typed} cannot contain spaces, newlines or special characters.")
+    if low == b"lib-name":
+        c.lib_name = value
+    else:
+        c.lib_ver = value
 
 
 def client_kill_filters(c: Any, argv: list[bytes]) -> None:

@@ -17,9 +17,12 @@ user name). POSTs must be `application/json`: a page of another origin cannot se
 without a CORS preflight, which this server never grants.
 
 Limits, so that the HTTP port can never starve the RESP port of the same loop: request bodies
-over MAX_BODY are refused (413), a connection that does not complete a request within
-IDLE_TIMEOUT is closed, a body must arrive within BODY_TIMEOUT, and past MAX_CONNECTIONS
-new connections get a 503 and are closed at once.
+over MAX_BODY are refused (413); a connection that does not send a complete request header
+within http-idle-timeout (from its connect, or from its previous reply) is closed; a body
+must arrive within http-body-timeout (the JSON routes answer 400 and close the connection,
+the others stop waiting for the rest then: aiohttp's lingering time); and past
+MAX_CONNECTIONS new connections get a 503 and are closed at once. The two timeouts are read
+when the HTTP side starts.
 """
 
 from __future__ import annotations
@@ -43,8 +46,6 @@ log = structlog.get_logger("disque.http")
 
 MAX_BODY = 64 * 1024  # the API's bodies are small JSON documents
 MAX_CONNECTIONS = 256
-IDLE_TIMEOUT = 10.0  # seconds: keep-alive, and the time to send a request's headers
-BODY_TIMEOUT = 5.0
 PEER_TIMEOUT = 0.5  # seconds for a peer's INFO (the cluster page)
 PEER_CACHE = 1.0  # seconds a peer's INFO is reused
 MAX_QUEUES_LISTED = 500  # the busiest queues the dashboard's table gets
@@ -70,16 +71,48 @@ def _error(status: int, message: str) -> web.Response:
     return _json({"error": message}, status=status)
 
 
+class FirstRequest:
+    """Closes a connection whose first request header is not complete within
+    http-idle-timeout. Older aiohttp versions (3.9 does, which we accept) time out the wait
+    for a header only after a reply (keep-alive), not from the connect: there, a client
+    that connects and sends half a header would keep one of the MAX_CONNECTIONS slots for
+    good. (Recent ones do both; the first of the two timers to fire closes it.)"""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, timeout: float) -> None:
+        self.loop = loop
+        self.timeout = timeout
+        self.pending: dict[Any, asyncio.TimerHandle] = {}  # protocol -> its deadline
+
+    def watch(self, protocol: Any) -> None:
+        self.pending[protocol] = self.loop.call_later(self.timeout, self._due, protocol)
+
+    def started(self, protocol: Any) -> None:
+        """A request header arrived on `protocol` (aiohttp's RequestHandler)."""
+        handle = self.pending.pop(protocol, None)
+        if handle is not None:
+            handle.cancel()
+
+    def _due(self, protocol: Any) -> None:
+        if self.pending.pop(protocol, None) is not None:
+            protocol.force_close()  # (a connection already gone: nothing to do)
+
+
+FIRST_REQUEST: web.AppKey[FirstRequest] = web.AppKey("first_request", FirstRequest)
+
+
 # ---------------------------------------------------------------------- middlewares
 @web.middleware
 async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
     """Password, then the handler; API errors answer JSON."""
+    request.app[FIRST_REQUEST].started(request.protocol)
     view = request.app[VIEW]
     if view.http_password and not _authorized(request, view):
         return web.Response(status=401, text="401: password required\n",
                             headers={"WWW-Authenticate": 'Basic realm="disque"'})
     try:
         resp = await handler(request)
+    except BodyTimeout:
+        return await _answer_and_close(request, _error(400, "the body did not arrive in time"))
     except web.HTTPException as exc:
         if request.path.startswith("/api/"):
             return _error(exc.status, exc.reason)
@@ -104,14 +137,27 @@ def _authorized(request: web.Request, view: NodeView) -> bool:
     return bool(sep) and view.password_matches(password)
 
 
+class BodyTimeout(Exception):
+    """A request body did not arrive within http-body-timeout."""
+
+
+async def _answer_and_close(request: web.Request, resp: web.Response) -> web.Response:
+    """Send `resp`, then close the connection at once: without this aiohttp would wait for
+    the rest of a stalled body again (its lingering time) before closing."""
+    await resp.prepare(request)
+    await resp.write_eof()
+    request.protocol.force_close()  # the transport flushes the reply, then closes
+    return resp
+
+
 async def _json_body(request: web.Request) -> dict[str, Any]:
     if request.content_type != "application/json":
         raise _bad("the body must be application/json")
     try:
-        async with asyncio.timeout(BODY_TIMEOUT):
+        async with asyncio.timeout(request.app[VIEW].body_timeout):
             raw = await request.read()
     except TimeoutError:
-        raise _bad("the body did not arrive in time") from None
+        raise BodyTimeout() from None
     try:
         body = json.loads(raw or b"{}")
     except (ValueError, UnicodeDecodeError) as exc:
@@ -343,9 +389,10 @@ def _summary(info: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- the app
-def make_app(view: NodeView) -> web.Application:
+def make_app(view: NodeView, first_request: FirstRequest) -> web.Application:
     app = web.Application(middlewares=[guard], client_max_size=MAX_BODY)
     app[VIEW] = view
+    app[FIRST_REQUEST] = first_request
     app[PEERS] = PeerInfo()
     app.router.add_get("/", index)
     app.router.add_get("/static/{name}", static)
@@ -408,8 +455,12 @@ class HttpSide:
     def __init__(self, view: NodeView, loop: asyncio.AbstractEventLoop) -> None:
         self.view = view
         self.loop = loop
-        self.runner = web.AppRunner(make_app(view), handle_signals=False, access_log=None,
-                                    keepalive_timeout=IDLE_TIMEOUT)
+        # keepalive_timeout: the wait for the next header after a reply (FirstRequest
+        # bounds the first one); lingering_time: the wait for a body no handler reads.
+        self.first_request = FirstRequest(loop, view.idle_timeout)
+        self.runner = web.AppRunner(make_app(view, self.first_request), handle_signals=False,
+                                    access_log=None, keepalive_timeout=view.idle_timeout,
+                                    lingering_time=view.body_timeout)
         self.servers: list[asyncio.AbstractServer] = []
         self.port = 0
         self.setup_done = False
@@ -436,7 +487,9 @@ class HttpSide:
         def factory() -> asyncio.Protocol:
             if len(handler.connections) >= MAX_CONNECTIONS:
                 return _Busy()
-            return handler()
+            protocol = handler()
+            self.first_request.watch(protocol)
+            return protocol
 
         for s in socks:
             self.servers.append(await self.loop.create_server(factory, sock=s))

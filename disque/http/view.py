@@ -150,6 +150,16 @@ class NodeView:
     def metrics_max_queues(self) -> int:
         return self._server.cfg.metrics_max_queues
 
+    @property
+    def idle_timeout(self) -> float:
+        """http-idle-timeout: seconds a connection may take to send a request header."""
+        return float(self._server.cfg.http_idle_timeout)
+
+    @property
+    def body_timeout(self) -> float:
+        """http-body-timeout: seconds a request body may take to arrive."""
+        return float(self._server.cfg.http_body_timeout)
+
     # ------------------------------------------------------------------ the command door
     def command(self, *args: str | bytes, addr: str = "http") -> Any:
         """Run one command through the node's dispatcher; its reply, decoded by hiredis.

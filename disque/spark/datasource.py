@@ -18,8 +18,8 @@ logged by `commit`. Options: `nodes`, `queue` (required); `bodyColumn` (default 
 the only column), `bodyFormat` (`raw` | `json`), `replicate`, `retry`, `ttl`, `delay`,
 `maxlen`, `async`, `timeoutMs`, `batchSize` (500), `dedup` (true), `dedupKeyColumn`,
 `dedupPrefix`, `maxAttempts`, `connections` (per partition; default 1, or 8 for synchronous
-replicated batches to a node without ADDJOBS, which gets pipelined ADDJOBs), `password`,
-`failOnError`.
+replicated batches to a node without ADDJOBS, which gets pipelined ADDJOBs), `password`
+(else the one of a `disque://:secret@...` nodes URL), `failOnError`.
 
 Streaming reader (at-least-once)
 --------------------------------
@@ -45,6 +45,13 @@ Options: `nodes`, `queues` (required); `maxJobsPerBatch` (10000), `fetchCount` (
 
 Schema of the stream: `queue STRING, id STRING, body BINARY (or STRING),
 nacks BIGINT, additional_deliveries BIGINT`.
+
+Options are checked when Spark plans the write or the read, before any task: an unknown
+option (a typo would otherwise be ignored), a missing `nodes` / `queue` / `queues`, a bad
+address, a number that is not an integer in its range (ADDJOB's, as every node checks
+them: `producer.LIMITS`), a boolean that is not true/false, or a choice outside its values
+raise ValueError, which Spark reports as an AnalysisException at `save()` / `load()` (or,
+for what only the stream reader checks, a StreamingQueryException when the query starts).
 """
 
 from __future__ import annotations
@@ -65,12 +72,15 @@ from pyspark.sql.datasource import (
 )
 
 from disque.client.errors import DisqueError
+from disque.client.nodes import url_password
 from disque.client.replies import Job
 from disque.client.sync import Client
 from disque.spark.producer import (
+    LIMITS,
     PartitionProducer,
     ProducerConfig,
     arrow_records,
+    integer_range,
     normalize_nodes,
 )
 
@@ -88,18 +98,68 @@ class DisqueWriteError(RuntimeError):
     """Rows of a partition could not be added after the retries."""
 
 
+WRITE_OPTIONS = ("nodes", "queue", "bodyColumn", "bodyFormat", "replicate", "retry", "ttl",
+                 "delay", "maxlen", "async", "timeoutMs", "batchSize", "dedup",
+                 "dedupKeyColumn", "dedupPrefix", "maxAttempts", "connections", "password",
+                 "failOnError")
+READ_OPTIONS = ("nodes", "queues", "maxJobsPerBatch", "fetchCount", "numPartitions",
+                "bodyType", "ack", "requeueOnStop", "password")
+# the writer's integer options -> the ProducerConfig setting (and its LIMITS)
+WRITE_INTS = {"timeoutMs": "timeout_ms", "replicate": "replicate", "retry": "retry",
+              "ttl": "ttl", "delay": "delay", "maxlen": "maxlen", "batchSize": "batch_size",
+              "maxAttempts": "max_attempts", "connections": "connections"}
+TRUE = ("true", "yes", "on", "1")
+FALSE = ("false", "no", "off", "0")
+
+
+def _known(options: Any, names: Sequence[str], what: str) -> None:
+    """Spark hands over any option given (lower-cased): refuse what this side does not
+    take, rather than ignore a typo."""
+    allowed = {n.lower() for n in names}
+    for key in options:
+        if str(key).lower() not in allowed:
+            raise ValueError(f"unknown option {key!r} for the disque data source{what}; "
+                             f"its options: {', '.join(names)}")
+
+
 def _bool(options: Any, key: str, default: bool) -> bool:
     value = options.get(key)
     if value is None:
         return default
-    return str(value).strip().lower() in ("1", "true", "yes", "on")
+    low = str(value).strip().lower()
+    if low in TRUE or low in FALSE:
+        return low in TRUE
+    raise ValueError(f"option {key!r} must be true or false, not {value!r}")
 
 
-def _int(options: Any, key: str, default: int | None = None) -> int | None:
+def _int(options: Any, key: str, least: int, most: int | None = None,
+         default: int | None = None) -> int | None:
     value = options.get(key)
     if value is None or str(value).strip() == "":
         return default
-    return int(value)
+    try:
+        n = int(str(value).strip())
+    except ValueError:
+        n = None
+    if n is None or n < least or (most is not None and n > most):
+        raise ValueError(f"option {key!r} must be {integer_range(least, most)}, "
+                         f"not {value!r}")
+    return n
+
+
+def _write_int(options: Any, key: str, default: int | None = None) -> int | None:
+    return _int(options, key, *LIMITS[WRITE_INTS[key]], default=default)
+
+
+def _choice(options: Any, key: str, *choices: str) -> str:
+    """One of `choices` (the first is the default), case-insensitive."""
+    value = options.get(key)
+    if value is None:
+        return choices[0]
+    low = str(value).strip().lower()
+    if low not in choices:
+        raise ValueError(f"option {key!r} must be {' or '.join(choices)}, not {value!r}")
+    return low
 
 
 def _required(options: Any, key: str) -> str:
@@ -109,11 +169,36 @@ def _required(options: Any, key: str) -> str:
     return str(value)
 
 
+def _nodes(options: Any) -> list[str]:
+    spec = _required(options, "nodes")
+    try:
+        return normalize_nodes(spec)
+    except ValueError as exc:
+        raise ValueError(f"option 'nodes': {exc}") from None
+
+
 def _client_options(options: Any) -> dict[str, Any]:
+    """The password option, else the one of a `disque://:secret@...` nodes URL."""
     out: dict[str, Any] = {}
-    if options.get("password"):
-        out["password"] = options.get("password")
+    password = options.get("password") or url_password(str(options.get("nodes") or ""))
+    if password:
+        out["password"] = password
     return out
+
+
+class ReadSettings:
+    """The stream reader's options but `queues`: what `load()` checks already (Spark calls
+    `schema()` then) and the reader uses."""
+
+    def __init__(self, options: Any) -> None:
+        self.nodes = _nodes(options)
+        self.max_jobs = _int(options, "maxJobsPerBatch", 1, default=10000) or 10000
+        self.fetch_count = _int(options, "fetchCount", 1, default=1000) or 1000
+        self.num_partitions = _int(options, "numPartitions", 1, default=2) or 2
+        self.body_string = _choice(options, "bodyType", "binary", "string") == "string"
+        self.fast_ack = _choice(options, "ack", "ack", "fastack") == "fastack"
+        self.requeue_on_stop = _bool(options, "requeueOnStop", True)
+        self.client_options = _client_options(options)
 
 
 class DisqueDataSource(DataSource):
@@ -124,8 +209,11 @@ class DisqueDataSource(DataSource):
         return NAME
 
     def schema(self) -> str:
-        body = "string" if str(self.options.get("bodyType", "binary")).lower() == "string" \
-            else "binary"
+        # Spark asks for it at load() (not for writes): the reader's checks that need no
+        # `queues` fail the read there, before the query starts; `queue` and the writer's
+        # other options are left to the stream reader, which refuses them
+        _known(self.options, tuple(dict.fromkeys(READ_OPTIONS + WRITE_OPTIONS)), "")
+        body = "string" if ReadSettings(self.options).body_string else "binary"
         return (f"queue string, id string, body {body}, nacks bigint, "
                 "additional_deliveries bigint")
 
@@ -150,10 +238,13 @@ class DisqueWriter(DataSourceArrowWriter):
     """Built on the driver (where the write id is drawn), pickled to the tasks."""
 
     def __init__(self, options: Any, schema: Any) -> None:
+        _known(options, WRITE_OPTIONS, " writer")
+        nodes = _nodes(options)
+        queue = _required(options, "queue")
         names = [f.name for f in schema.fields]
         body_col = options.get("bodyColumn") or ("body" if "body" in names or len(names) != 1
                                                   else names[0])
-        self.body_format = str(options.get("bodyFormat", "raw")).lower()
+        self.body_format = _choice(options, "bodyFormat", "raw", "json")
         if self.body_format == "raw" and body_col not in names:
             raise ValueError(f"no column {body_col!r} to use as the job body (columns: {names});"
                              " set .option('bodyColumn', ...) or bodyFormat=json")
@@ -164,16 +255,15 @@ class DisqueWriter(DataSourceArrowWriter):
             raise ValueError(f"no column {self.dedup_key_col!r} for dedupKeyColumn")
         self.fail_on_error = _bool(options, "failOnError", True)
         self.cfg = ProducerConfig(
-            nodes=normalize_nodes(_required(options, "nodes")),
-            queue=_required(options, "queue"),
-            timeout_ms=_int(options, "timeoutMs", 5000) or 0,
-            replicate=_int(options, "replicate"), retry=_int(options, "retry"),
-            ttl=_int(options, "ttl"), delay=_int(options, "delay"),
-            maxlen=_int(options, "maxlen"), async_=_bool(options, "async", False),
-            batch_size=_int(options, "batchSize", 500) or 500, dedup=dedup,
+            nodes=nodes, queue=queue,
+            timeout_ms=_write_int(options, "timeoutMs", 5000) or 0,
+            replicate=_write_int(options, "replicate"), retry=_write_int(options, "retry"),
+            ttl=_write_int(options, "ttl"), delay=_write_int(options, "delay"),
+            maxlen=_write_int(options, "maxlen"), async_=_bool(options, "async", False),
+            batch_size=_write_int(options, "batchSize", 500) or 500, dedup=dedup,
             dedup_prefix=(options.get("dedupPrefix") or uuid.uuid4().hex[:16]) if dedup else "",
-            max_attempts=_int(options, "maxAttempts", 8) or 8,
-            connections=_int(options, "connections"),
+            max_attempts=_write_int(options, "maxAttempts", 8) or 8,
+            connections=_write_int(options, "connections"),
             client_options=_client_options(options))
 
     def write(self, iterator: Iterator[Any]) -> DisqueCommitMessage:
@@ -215,15 +305,19 @@ class DisqueStreamReader(DataSourceStreamReader):
     driver's Python process that Spark keeps for the query."""
 
     def __init__(self, options: Any, schema: Any) -> None:
-        self.nodes = normalize_nodes(_required(options, "nodes"))
+        _known(options, READ_OPTIONS, " stream reader")
+        settings = ReadSettings(options)
+        self.nodes = settings.nodes
         self.queues = [q.strip() for q in _required(options, "queues").split(",") if q.strip()]
-        self.max_jobs = _int(options, "maxJobsPerBatch", 10000) or 10000
-        self.fetch_count = _int(options, "fetchCount", 1000) or 1000
-        self.num_partitions = max(1, _int(options, "numPartitions", 2) or 2)
-        self.body_string = str(options.get("bodyType", "binary")).lower() == "string"
-        self.fast_ack = str(options.get("ack", "ack")).lower() == "fastack"
-        self.requeue_on_stop = _bool(options, "requeueOnStop", True)
-        self.client_options = _client_options(options)
+        if not self.queues:
+            raise ValueError(f"option 'queues' names no queue: {options.get('queues')!r}")
+        self.max_jobs = settings.max_jobs
+        self.fetch_count = settings.fetch_count
+        self.num_partitions = settings.num_partitions
+        self.body_string = settings.body_string
+        self.fast_ack = settings.fast_ack
+        self.requeue_on_stop = settings.requeue_on_stop
+        self.client_options = settings.client_options
         self._clients: dict[str, Client] = {}
         # seq -> [(node address, job)], fetched and not committed yet
         self._pending: dict[int, list[tuple[str, Job]]] = {}

@@ -109,6 +109,30 @@ def json_body(record: dict[str, Any]) -> str:
                       ensure_ascii=False)
 
 
+# Integer settings of a write, as every node checks ADDJOB's options (docs/commands.md,
+# "ADDJOB") and as the producer needs its own: (least, most). They are checked on the driver
+# (ProducerConfig, and the data source's options with their own names) so that a bad value
+# fails the write at once, rather than every row on the executors.
+LIMITS: dict[str, tuple[int, int | None]] = {
+    "timeout_ms": (0, None), "replicate": (1, 65535), "retry": (0, None), "ttl": (1, None),
+    "delay": (0, None), "maxlen": (1, None), "batch_size": (1, None),
+    "max_attempts": (1, None), "connections": (1, None),
+}
+OPTIONAL = ("replicate", "retry", "ttl", "delay", "maxlen", "connections")  # None: default
+
+
+def integer_range(least: int, most: int | None) -> str:
+    return f"an integer >= {least}" if most is None else f"an integer from {least} to {most}"
+
+
+def check_setting(name: str, value: Any) -> None:
+    """ValueError unless `value` is an int within LIMITS[name]."""
+    least, most = LIMITS[name]
+    if (isinstance(value, bool) or not isinstance(value, int) or value < least
+            or (most is not None and value > most)):
+        raise ValueError(f"{name} must be {integer_range(least, most)}, not {value!r}")
+
+
 @dataclass(slots=True)
 class ProducerConfig:
     """Everything a partition needs; built on the driver and shipped (pickled) to tasks."""
@@ -136,8 +160,15 @@ class ProducerConfig:
     def __post_init__(self) -> None:
         if not self.nodes:
             raise ValueError("at least one node is needed")
-        if self.batch_size < 1:
-            raise ValueError("batch_size must be >= 1")
+        if not isinstance(self.queue, (str, bytes)) or not self.queue:
+            raise ValueError(f"a queue name is needed, not {self.queue!r}")
+        for name in LIMITS:
+            value = getattr(self, name)
+            if value is not None or name not in OPTIONAL:
+                check_setting(name, value)
+        if self.delay is not None and self.ttl is not None and self.delay >= self.ttl:
+            raise ValueError(f"delay ({self.delay}) must be smaller than ttl ({self.ttl}): "
+                             "the node would refuse every job")
         if self.dedup and not self.dedup_prefix:
             raise ValueError("dedup needs a dedup_prefix (drawn once on the driver)")
 
@@ -168,7 +199,7 @@ class PartitionProducer:
         self._pool: ThreadPoolExecutor | None = None
         # connections per batch where the node has no ADDJOBS (see `_connections`)
         if cfg.connections is not None:
-            self.connections = max(1, cfg.connections)
+            self.connections = cfg.connections
         else:  # only a synchronous replicated ADDJOB waits for other nodes
             self.connections = 1 if cfg.async_ or cfg.replicate == 1 else 8
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from disque.client.nodes import url_password
 from disque.spark.producer import (
     PartitionProducer,
     ProducerConfig,
@@ -55,7 +56,8 @@ def write_jobs(df: Any, queue: str, nodes: str | Iterable[str], body_col: str = 
     """Add one job per row of `df` to `queue`, from the executors.
 
     - `nodes`: `"h:p,h:p"`, `"disque://h:p,..."` or a list; partition p goes to
-      `nodes[p % len(nodes)]` (the next node only if that one is down).
+      `nodes[p % len(nodes)]` (the next node only if that one is down). The password of a
+      `disque://:secret@...` URL is used unless `password` is given.
     - `body_col` / `body_format`: `"raw"` uses that column (string or binary), `"json"` the
       whole row as a JSON object; `body_fn(row)` computes the body instead.
     - `replicate`, `retry`, `ttl`, `delay`, `maxlen`, `async_`, `timeout_ms`: ADDJOB's
@@ -77,9 +79,23 @@ def write_jobs(df: Any, queue: str, nodes: str | Iterable[str], body_col: str = 
       Arrow batches and skips the per-row Row objects (faster; pyarrow on the workers;
       not with `body_fn`). Same nodes, keys, retries and counts either way.
 
-    Returns `WriteResult(added, failed)`; it does not raise for failed rows."""
+    Returns `WriteResult(added, failed)`; it does not raise for failed rows. Arguments are
+    checked before any Spark job runs: a missing queue, bad `nodes`, an option every node
+    would refuse (`replicate` outside 1..65535, a negative `retry`, `delay` or
+    `timeout_ms`, `ttl` or `maxlen` below 1, `delay` >= `ttl`), `batch_size`,
+    `max_attempts` or `connections` below 1, or a name that is not a column raise
+    ValueError."""
+    if not isinstance(queue, (str, bytes)) or not queue:
+        raise ValueError(f"write_jobs needs a queue name, not {queue!r}")
+    try:
+        node_list = normalize_nodes(nodes)
+    except ValueError as exc:
+        raise ValueError(f"nodes: {exc}") from None
+    if protocol not in (None, 2, 3):
+        raise ValueError(f"protocol must be 2 or 3, not {protocol!r}")
+    password = password or url_password(nodes)  # normalize_nodes drops the URL's
     cfg = ProducerConfig(
-        nodes=normalize_nodes(nodes), queue=queue, timeout_ms=timeout_ms, replicate=replicate,
+        nodes=node_list, queue=queue, timeout_ms=timeout_ms, replicate=replicate,
         retry=retry, ttl=ttl, delay=delay, maxlen=maxlen, async_=async_,
         batch_size=batch_size, dedup=dedup,
         dedup_prefix=(dedup_prefix or uuid.uuid4().hex[:16]) if dedup else "",

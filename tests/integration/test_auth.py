@@ -161,3 +161,108 @@ def test_config_set_requirepass_at_runtime(server: DisqueProcess) -> None:
     with Conn(server.port) as c:
         assert c.call("PING") == b"+PONG\r\n"
         assert c.call("AUTH", "x") == b"-ERR Client sent AUTH, but no password is set\r\n"
+
+
+# -------------------------------------------------------------- disque.client's AuthError
+# What the node answers: HELLO 3 AUTH (redis-py's RESP3 handshake) with a wrong password,
+# AUTH with a wrong one (RESP2), HELLO 3 without AUTH, any command without AUTH (RESP2).
+WRONG_RESP3 = "WRONGPASS invalid username-password pair or user is disabled."
+WRONG_RESP2 = "ERR invalid password"
+MISSING_RESP3 = "NOAUTH HELLO must be called with the client already authenticated"
+MISSING_RESP2 = "NOAUTH Authentication required."
+CASES = [  # (password, protocol, the error's text)
+    ("wrong", 3, WRONG_RESP3), ("wrong", 2, WRONG_RESP2),
+    (None, 3, MISSING_RESP3), (None, 2, MISSING_RESP2),
+]
+CASE_IDS = ["wrong-resp3", "wrong-resp2", "missing-resp3", "missing-resp2"]
+
+
+def _check_auth_error(exc: BaseException, text: str) -> None:
+    from disque.client import AuthError, DisqueConnectionError
+
+    # the documented type, not a connection error after trying every node, nor a bare
+    # DisqueError; its text is the node's, prefix included
+    assert type(exc) is AuthError and not isinstance(exc, DisqueConnectionError), repr(exc)
+    assert str(exc).startswith(text), str(exc)
+    assert exc.prefix == text.split(" ")[0]
+
+
+@pytest.mark.parametrize(("password", "protocol", "text"), CASES, ids=CASE_IDS)
+def test_client_raises_auth_error_on_a_wrong_or_missing_password(
+        secured: DisqueProcess, password: str | None, protocol: int, text: str) -> None:
+    from disque.client import AuthError, Client
+
+    # socket_timeout: a hang would end as a timeout error, and fail the type check
+    with Client([f"127.0.0.1:{secured.port}"], password=password, protocol=protocol,
+                socket_timeout=10) as c:
+        for call in (c.connect, c.ping, lambda: c.qlen("authq")):
+            with pytest.raises(AuthError) as info:
+                call()
+            _check_auth_error(info.value, text)
+    # the password of a disque:// URL, too
+    if password is not None:
+        with Client(f"disque://:{password}@127.0.0.1:{secured.port}", protocol=protocol,
+                    socket_timeout=10) as c, pytest.raises(AuthError) as info:
+            c.ping()
+        _check_auth_error(info.value, text)
+    with Client([f"127.0.0.1:{secured.port}"], password=PASSWORD, protocol=protocol) as c:
+        assert c.ping() == "PONG"
+
+
+@pytest.mark.parametrize(("password", "protocol", "text"), CASES, ids=CASE_IDS)
+async def test_async_client_raises_auth_error_on_a_wrong_or_missing_password(
+        secured: DisqueProcess, password: str | None, protocol: int, text: str) -> None:
+    from disque.client import AsyncClient, AuthError
+
+    async with AsyncClient([f"127.0.0.1:{secured.port}"], password=password,
+                           protocol=protocol, socket_timeout=10) as c:
+        for call in (c.connect, c.ping, lambda: c.qlen("authq")):
+            with pytest.raises(AuthError) as info:
+                await call()
+            _check_auth_error(info.value, text)
+    if password is not None:
+        async with AsyncClient(f"disque://:{password}@127.0.0.1:{secured.port}",
+                               protocol=protocol, socket_timeout=10) as c:
+            with pytest.raises(AuthError) as info:
+                await c.ping()
+            _check_auth_error(info.value, text)
+    async with AsyncClient([f"127.0.0.1:{secured.port}"], password=PASSWORD,
+                           protocol=protocol) as c:
+        assert await c.ping() == "PONG"
+
+
+@pytest.mark.parametrize("password", ["wrong", None], ids=["wrong", "missing"])
+def test_consume_raises_auth_error_instead_of_retrying_for_ever(
+        secured: DisqueProcess, password: str | None) -> None:
+    import threading
+
+    from disque.client import AuthError, Client
+
+    out: list[BaseException | object] = []
+
+    def run() -> None:
+        with Client([f"127.0.0.1:{secured.port}"], password=password) as c:
+            try:
+                out.append(c.consume("authq", lambda job: None, concurrency=2, poll_ms=200))
+            except BaseException as exc:  # noqa: BLE001 - handed to the test
+                out.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(60)  # a hang guard: the first GETJOB's refusal ends it
+    assert out, "consume() still running: it retries a refused password for ever"
+    assert isinstance(out[0], AuthError), out[0]
+
+
+@pytest.mark.parametrize("password", ["wrong", None], ids=["wrong", "missing"])
+async def test_async_consume_raises_auth_error_instead_of_retrying_for_ever(
+        secured: DisqueProcess, password: str | None) -> None:
+    import asyncio
+
+    from disque.client import AsyncClient, AuthError
+
+    async with AsyncClient([f"127.0.0.1:{secured.port}"], password=password) as c:
+        with pytest.raises(AuthError):
+            # (a hang guard: the first GETJOB's refusal ends it)
+            await asyncio.wait_for(c.consume("authq", lambda job: None, concurrency=2,
+                                             poll_ms=200), 60)

@@ -271,6 +271,90 @@ def test_consume_stops_cleanly_on_sigterm_and_restores_the_handler(node: DisqueP
     assert signal.getsignal(signal.SIGTERM) is before
 
 
+# bad arguments: ValueError before anything is fetched (never a consumer that spins on a
+# refused GETJOB, blocks past a stop, or silently does nothing)
+BAD_CONSUME = [  # (queues, options, what the message says)
+    ([], {}, "at least one queue"),
+    ((), {}, "at least one queue"),
+    (None, {}, "at least one queue"),
+    ("Q", {"concurrency": 0}, "concurrency must be an integer >= 1"),
+    ("Q", {"concurrency": -2}, "concurrency must be an integer >= 1"),
+    ("Q", {"concurrency": 1.5}, "concurrency must be an integer >= 1"),
+    ("Q", {"concurrency": "2"}, "concurrency must be an integer >= 1"),
+    ("Q", {"count": 0}, "count must be an integer >= 1"),
+    ("Q", {"poll_ms": 0}, "poll_ms must be an integer >= 1"),
+    ("Q", {"poll_ms": -5}, "poll_ms must be an integer >= 1"),
+    ("Q", {"max_jobs": -1}, "max_jobs must be None or an integer >= 0"),
+]
+BAD_CONSUME_IDS = ["empty-list", "empty-tuple", "none", "concurrency-0", "concurrency-neg",
+                   "concurrency-float", "concurrency-str", "count-0", "poll-0", "poll-neg",
+                   "max-jobs-neg"]
+
+
+def in_thread(fn: Callable[[], object]) -> tuple[str, object]:
+    """('returned', value) or ('raised', exception); fails if fn is still running after a
+    hang guard (the consumer must not start at all)."""
+    out: list[tuple[str, object]] = []
+
+    def target() -> None:
+        try:
+            out.append(("returned", fn()))
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            out.append(("raised", exc))
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(60)
+    assert out, "consume() is still running: it should have refused its arguments"
+    return out[0]
+
+
+@pytest.mark.parametrize(("queues", "options", "message"), BAD_CONSUME, ids=BAD_CONSUME_IDS)
+def test_consume_refuses_bad_arguments_at_once(node: DisqueProcess, q: str, queues: object,
+                                               options: dict, message: str) -> None:
+    with Client([f"127.0.0.1:{node.port}"]) as c:
+        c.add_job(q, "untouched")
+        handled: list[Job] = []
+        qs = q if queues == "Q" else queues
+        how, what = in_thread(lambda: c.consume(qs, handled.append, **options))  # type: ignore[arg-type]
+        assert how == "raised" and type(what) is ValueError, (how, what)
+        assert message in str(what)
+        assert handled == [] and c.qlen(q) == 1
+
+
+@pytest.mark.parametrize(("queues", "options", "message"), BAD_CONSUME, ids=BAD_CONSUME_IDS)
+async def test_async_consume_refuses_bad_arguments_at_once(
+        node: DisqueProcess, q: str, queues: object, options: dict, message: str) -> None:
+    async with AsyncClient([f"127.0.0.1:{node.port}"]) as c:
+        await c.add_job(q, "untouched")
+        handled: list[Job] = []
+        qs = q if queues == "Q" else queues
+        with pytest.raises(ValueError, match=message):
+            # (the deadline is a hang guard: a refused call ends at once)
+            await asyncio.wait_for(c.consume(qs, handled.append, **options), 60)  # type: ignore[arg-type]
+        assert handled == [] and await c.qlen(q) == 1
+
+
+def test_consume_takes_a_queue_name_given_as_bytes(node: DisqueProcess, q: str) -> None:
+    with Client([f"127.0.0.1:{node.port}"]) as c:
+        job_id = c.add_job(q, "by-bytes")
+        handled: list[str] = []
+        how, what = in_thread(lambda: c.consume(q.encode(), lambda j: handled.append(j.id),
+                                                max_jobs=1, poll_ms=200))
+        assert how == "returned", what
+        assert handled == [job_id]
+
+
+async def test_async_consume_takes_a_queue_name_given_as_bytes(node: DisqueProcess,
+                                                               q: str) -> None:
+    async with AsyncClient([f"127.0.0.1:{node.port}"]) as c:
+        job_id = await c.add_job(q, "by-bytes")
+        handled: list[str] = []
+        await asyncio.wait_for(c.consume(q.encode(), lambda j: handled.append(j.id),
+                                         max_jobs=1, poll_ms=200), 60)
+        assert handled == [job_id]
+
+
 # ---------------------------------------------------------------------------- asyncio
 async def test_async_client_every_method(node: DisqueProcess, q: str):
     async with AsyncClient(f"disque://127.0.0.1:{node.port}") as c:

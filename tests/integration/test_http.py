@@ -406,6 +406,65 @@ def test_http_port_in_use_at_start_is_a_clear_error(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------- abuse
+def test_a_stalled_header_or_body_is_closed_after_its_timeout(tmp_path: Path) -> None:
+    """http-idle-timeout closes a connection whose request header never ends, and
+    http-body-timeout one whose body never ends (answered 400 first); meanwhile the node
+    serves other HTTP and RESP clients. Short timeouts so that the test is short."""
+    hp = http_port()
+    proc = DisqueProcess(tmp_path, args=["--http-port", str(hp), "--http-idle-timeout", "1",
+                                         "--http-body-timeout", "1"]).start()
+    stalled: list[socket.socket] = []
+    try:
+        with Conn(proc.port) as c:
+            assert c.cmd("CONFIG", "GET", "http-*-timeout") == [
+                b"http-idle-timeout", b"1", b"http-body-timeout", b"1"]
+            # read when the HTTP side starts
+            assert c.cmd("CONFIG", "SET", "http-idle-timeout", "5") == \
+                "ERR Unsupported CONFIG parameter: http-idle-timeout"
+        started = time.monotonic()  # before either connection exists on the server
+        header = socket.create_connection(("127.0.0.1", hp), timeout=30)
+        header.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # no blank line: no end
+        body = socket.create_connection(("127.0.0.1", hp), timeout=30)
+        body.sendall(b"POST /api/jobs/ack HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+                     b'{"ids": [')  # 9 bytes of 100
+        stalled += [header, body]
+        received = {header: b"", body: b""}
+        closed_at: dict[socket.socket, float] = {}
+        deadline = time.monotonic() + 60  # a hang guard, not a measure
+        while len(closed_at) < 2:
+            assert time.monotonic() < deadline, \
+                f"still open: {[received[s] for s in stalled if s not in closed_at]}"
+            for s in stalled:
+                if s in closed_at:
+                    continue
+                s.settimeout(0.05)
+                try:
+                    data = s.recv(65536)
+                except TimeoutError:
+                    continue
+                except ConnectionResetError:
+                    data = b""
+                if data:
+                    received[s] += data
+                else:
+                    closed_at[s] = time.monotonic()
+            # the node keeps serving everyone else
+            assert request(hp, "/api/node")[0] == 200
+            with Conn(proc.port) as c:
+                assert c.cmd("PING") == "PONG"
+        assert received[header] == b""  # closed without an answer
+        head, _, text = received[body].partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 400"), received[body]
+        assert json.loads(text) == {"error": "the body did not arrive in time"}
+        # not before the timeouts (less the loop clock's millisecond granularity)
+        assert all(t - started >= 0.99 for t in closed_at.values()), closed_at
+    finally:
+        for s in stalled:
+            s.close()
+        proc.kill()
+
+
 def resp_latency(port: int) -> float:
     t0 = time.monotonic()
     with Conn(port, timeout=5) as c:

@@ -293,8 +293,9 @@ def test_command_unknown_subcommand(conn: Conn) -> None:
 
 # -- CLIENT ----------------------------------------------------------------------------------------
 
+# the original's fields, then Redis 7.2's lib-name and lib-ver (set by CLIENT SETINFO)
 CLIENT_LIST_FIELDS = ["id", "addr", "fd", "name", "age", "idle", "flags", "qbuf", "qbuf-free",
-                      "obl", "oll", "omem", "events", "cmd"]
+                      "obl", "oll", "omem", "events", "cmd", "lib-name", "lib-ver"]
 
 
 def client_lines(conn: Conn) -> list[dict[str, str]]:
@@ -317,6 +318,47 @@ def test_client_list_fields_in_order(conn: Conn) -> None:
     fields = dict(kv.split("=", 1) for kv in mine[0].split(" "))
     assert fields["cmd"] == "client"
     assert fields["name"] == ""
+
+
+def fields_of(line: str) -> dict[str, str]:
+    return dict(kv.split("=", 1) for kv in line.split(" "))
+
+
+def test_client_setinfo_shows_in_client_list_and_client_info(conn: Conn) -> None:
+    local = "127.0.0.1:%d" % conn.sock.getsockname()[1]
+    [mine] = [c for c in client_lines(conn) if c["addr"] == local]
+    assert (mine["lib-name"], mine["lib-ver"]) == ("", "")
+    assert conn.cmd("CLIENT", "SETINFO", "LIB-NAME", "my-lib") == "OK"
+    assert conn.cmd("CLIENT", "SETINFO", "lib-ver", "1.2.3") == "OK"
+    [mine] = [c for c in client_lines(conn) if c["addr"] == local]
+    assert (mine["lib-name"], mine["lib-ver"]) == ("my-lib", "1.2.3")
+    # CLIENT INFO: this connection's CLIENT LIST line
+    raw = conn.cmd("CLIENT", "INFO")
+    assert isinstance(raw, bytes) and raw.endswith(b"\n") and raw.count(b"\n") == 1, raw
+    line = raw.decode().rstrip("\n")
+    assert [kv.split("=", 1)[0] for kv in line.split(" ")] == CLIENT_LIST_FIELDS
+    me = fields_of(line)
+    assert me["id"] == str(conn.cmd("CLIENT", "ID")) and me["addr"] == local
+    assert (me["lib-name"], me["lib-ver"], me["cmd"]) == ("my-lib", "1.2.3", "client")
+    # a refused value (it would split the line) keeps the previous one
+    assert conn.cmd("CLIENT", "SETINFO", "lib-ver", "2.0 flags=O") == \
+        "ERR lib-ver cannot contain spaces, newlines or special characters."
+    assert conn.cmd("CLIENT", "SETINFO", "lib-color", "red") == \
+        "ERR Unrecognized option 'lib-color'"
+    assert fields_of(conn.cmd("CLIENT", "INFO").decode().rstrip("\n"))["lib-ver"] == "1.2.3"
+    assert conn.cmd("CLIENT", "INFO", "x") == \
+        "ERR Syntax error, try CLIENT (LIST | KILL ip:port | GETNAME | SETNAME connection-name)"
+
+
+def test_redis_py_announces_its_library_and_client_info_shows_it(node: DisqueProcess) -> None:
+    import redis
+
+    r = node.client()  # redis-py sends CLIENT SETINFO LIB-NAME / LIB-VER when it connects
+    try:
+        info = r.client_info()
+        assert (info["lib-name"], info["lib-ver"]) == ("redis-py", redis.__version__)
+    finally:
+        r.close()
 
 
 def test_client_id_is_an_integer_unique_per_connection(node: DisqueProcess, conn: Conn) -> None:

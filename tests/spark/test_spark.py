@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -262,3 +263,201 @@ def test_streaming_reader_delivers_every_job_and_acks_only_committed_batches(
     wait_for(lambda: all(_gone(clients, jid) for jid in jobs), timeout=30,
              what="every job acked")
     assert qlen_sum(clients, queue) == 0
+
+
+# ---------------------------------------------------------------------------- bad options
+# An option that every node would refuse, or that names nothing, fails the write or the
+# stream at once with a ValueError naming it: on the driver for write_jobs (before any Spark
+# job), in Spark's planning of the data source for the data source (AnalysisException at
+# save() / load(), StreamingQueryException at start() for what is checked then). Never
+# rows counted as failed one by one on the executors, a task failing four times, or a value
+# silently replaced by a default.
+WRITE_JOBS_BAD = [  # (queue, nodes: None = the cluster's, keywords, the message)
+    (None, None, {}, "write_jobs needs a queue name"),
+    ("", None, {}, "write_jobs needs a queue name"),
+    ("q", "", {}, "nodes: no node address given"),
+    ("q", "127.0.0.1:notaport", {}, "nodes: bad port in node address '127.0.0.1:notaport'"),
+    ("q", "127.0.0.1:70000", {}, "nodes: port out of range in node address"),
+    ("q", "http://127.0.0.1:7711", {}, "nodes: unsupported URL scheme 'http'"),
+    ("q", None, {"replicate": 0}, "replicate must be an integer from 1 to 65535, not 0"),
+    ("q", None, {"replicate": "2"}, "replicate must be an integer from 1 to 65535, not '2'"),
+    ("q", None, {"retry": -1}, "retry must be an integer >= 0, not -1"),
+    ("q", None, {"ttl": 0}, "ttl must be an integer >= 1, not 0"),
+    ("q", None, {"delay": -1}, "delay must be an integer >= 0, not -1"),
+    ("q", None, {"maxlen": 0}, "maxlen must be an integer >= 1, not 0"),
+    ("q", None, {"timeout_ms": -1}, "timeout_ms must be an integer >= 0, not -1"),
+    ("q", None, {"timeout_ms": 1.5}, "timeout_ms must be an integer >= 0, not 1.5"),
+    ("q", None, {"batch_size": 0}, "batch_size must be an integer >= 1, not 0"),
+    ("q", None, {"max_attempts": 0}, "max_attempts must be an integer >= 1, not 0"),
+    ("q", None, {"connections": 0}, "connections must be an integer >= 1, not 0"),
+    ("q", None, {"protocol": 4}, "protocol must be 2 or 3, not 4"),
+    ("q", None, {"body_format": "xml"}, "body_format must be 'raw' or 'json'"),
+    ("q", None, {"body_col": "nope"}, "no column 'nope' in the DataFrame"),
+    ("q", None, {"dedup_key_col": "nope"}, "no column 'nope' for the dedup key"),
+    ("q", None, {"method": "pandas"}, "method must be 'foreachPartition' or 'arrow'"),
+    ("q", None, {"method": "arrow", "body_fn": str}, "body_fn needs Row objects"),
+]
+
+
+@pytest.mark.parametrize(("queue", "nodes", "kw", "message"), WRITE_JOBS_BAD,
+                         ids=[m.split(" ")[0] + f"-{i}" for i, (_, _, _, m)
+                              in enumerate(WRITE_JOBS_BAD)])
+def test_write_jobs_refuses_bad_arguments_before_any_spark_job(
+        spark, disque_cluster, clients, queue, nodes, kw, message):
+    sc = spark.sparkContext
+    group = f"bad-write-jobs-{uuid.uuid4().hex}"
+    queue = group if queue == "q" else queue  # (a queue of its own)
+    sc.setJobGroup(group, "write_jobs with a bad argument")
+    try:
+        with pytest.raises(ValueError) as info:
+            write_jobs(rows_df(spark, 10, partitions=2), queue,
+                       addrs(disque_cluster) if nodes is None else nodes, **kw)
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    assert message in str(info.value), str(info.value)
+    assert sc.statusTracker().getJobIdsForGroup(group) == []  # no Spark job ran
+    if queue:
+        assert qlen_sum(clients, queue) == 0
+
+
+DS_WRITE_BAD = [  # (options, the message)
+    ({"nodes": None}, "the disque data source needs .option('nodes', ...)"),
+    ({"queue": None}, "the disque data source needs .option('queue', ...)"),
+    ({"nodes": "127.0.0.1:x"}, "option 'nodes': bad port in node address '127.0.0.1:x'"),
+    ({"replicate": "two"}, "option 'replicate' must be an integer from 1 to 65535, not 'two'"),
+    ({"replicate": "0"}, "option 'replicate' must be an integer from 1 to 65535, not '0'"),
+    ({"timeoutMs": "-1"}, "option 'timeoutMs' must be an integer >= 0, not '-1'"),
+    ({"retry": "-5"}, "option 'retry' must be an integer >= 0, not '-5'"),
+    ({"ttl": "0"}, "option 'ttl' must be an integer >= 1, not '0'"),
+    ({"delay": "1.5"}, "option 'delay' must be an integer >= 0, not '1.5'"),
+    ({"maxlen": "0"}, "option 'maxlen' must be an integer >= 1, not '0'"),
+    ({"batchSize": "0"}, "option 'batchSize' must be an integer >= 1, not '0'"),
+    ({"maxAttempts": "0"}, "option 'maxAttempts' must be an integer >= 1, not '0'"),
+    ({"connections": "0"}, "option 'connections' must be an integer >= 1, not '0'"),
+    ({"dedup": "maybe"}, "option 'dedup' must be true or false, not 'maybe'"),
+    ({"async": "sometimes"}, "option 'async' must be true or false, not 'sometimes'"),
+    ({"failOnError": "2"}, "option 'failOnError' must be true or false, not '2'"),
+    ({"bodyFormat": "xml"}, "option 'bodyFormat' must be raw or json, not 'xml'"),
+    ({"bodyColumn": "nope"}, "no column 'nope' to use as the job body"),
+    ({"dedupKeyColumn": "nope"}, "no column 'nope' for dedupKeyColumn"),
+    ({"replicat": "2"}, "unknown option 'replicat' for the disque data source writer"),
+    ({"queues": "q"}, "unknown option 'queues' for the disque data source writer"),
+]
+
+
+@pytest.mark.parametrize(("options", "message"), DS_WRITE_BAD,
+                         ids=[next(iter(o)) + f"-{i}" for i, (o, _) in enumerate(DS_WRITE_BAD)])
+def test_data_source_writer_refuses_bad_options_when_spark_plans_the_write(
+        spark, disque_cluster, clients, options, message):
+    from pyspark.errors import AnalysisException
+
+    register(spark)
+    opts = {"nodes": ",".join(addrs(disque_cluster)), "queue": "ds-bad", **options}
+    writer = rows_df(spark, 10, partitions=2).select("body").write.format("disque")
+    for key, value in opts.items():
+        if value is not None:
+            writer = writer.option(key, value)
+    with pytest.raises(AnalysisException) as info:
+        writer.mode("append").save()
+    assert "PYTHON_DATA_SOURCE_ERROR" in str(info.value)
+    assert f"ValueError: {message}" in str(info.value), str(info.value)
+    assert qlen_sum(clients, "ds-bad") == 0
+
+
+def test_data_source_writer_refuses_overwrite_and_a_path(spark, disque_cluster):
+    from pyspark.errors import AnalysisException
+
+    register(spark)
+    writer = (rows_df(spark, 10, partitions=2).select("body").write.format("disque")
+              .option("nodes", ",".join(addrs(disque_cluster))).option("queue", "ds-bad"))
+    with pytest.raises(AnalysisException, match="only appends: use .mode..append.."):
+        writer.mode("overwrite").save()
+    with pytest.raises(AnalysisException, match="unknown option 'path'"):
+        writer.mode("append").save("somewhere")
+
+
+DS_READ_BAD_AT_LOAD = [  # (options, the message): refused by load()
+    ({"nodes": None}, "the disque data source needs .option('nodes', ...)"),
+    ({"nodes": "127.0.0.1:0"}, "option 'nodes': port out of range in node address"),
+    ({"maxJobsPerBatch": "0"}, "option 'maxJobsPerBatch' must be an integer >= 1, not '0'"),
+    ({"fetchCount": "many"}, "option 'fetchCount' must be an integer >= 1, not 'many'"),
+    ({"numPartitions": "0"}, "option 'numPartitions' must be an integer >= 1, not '0'"),
+    ({"bodyType": "text"}, "option 'bodyType' must be binary or string, not 'text'"),
+    ({"ack": "nack"}, "option 'ack' must be ack or fastack, not 'nack'"),
+    ({"requeueOnStop": "perhaps"}, "option 'requeueOnStop' must be true or false"),
+    ({"maxJobs": "5"}, "unknown option 'maxjobs' for the disque data source"),
+]
+DS_READ_BAD_AT_START = [  # (options, the message): refused when the query starts
+    ({"queues": None}, "the disque data source needs .option('queues', ...)"),
+    ({"queues": " , "}, "option 'queues' names no queue"),
+    ({"queue": "q"}, "unknown option 'queue' for the disque data source stream reader"),
+]
+
+
+@pytest.mark.parametrize(("options", "message"), DS_READ_BAD_AT_LOAD,
+                         ids=[next(iter(o)) + f"-{i}"
+                              for i, (o, _) in enumerate(DS_READ_BAD_AT_LOAD)])
+def test_stream_reader_refuses_bad_options_at_load(spark, disque_cluster, options, message):
+    from pyspark.errors import AnalysisException
+
+    register(spark)
+    opts = {"nodes": ",".join(addrs(disque_cluster)), "queues": "rd-bad", **options}
+    reader = spark.readStream.format("disque")
+    for key, value in opts.items():
+        if value is not None:
+            reader = reader.option(key, value)
+    with pytest.raises(AnalysisException) as info:
+        reader.load()
+    assert f"ValueError: {message}" in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize(("options", "message"), DS_READ_BAD_AT_START,
+                         ids=[next(iter(o)) + f"-{i}"
+                              for i, (o, _) in enumerate(DS_READ_BAD_AT_START)])
+def test_stream_reader_refuses_bad_options_when_the_query_starts(
+        spark, disque_cluster, tmp_path, options, message):
+    from pyspark.errors import StreamingQueryException
+
+    register(spark)
+    opts = {"nodes": ",".join(addrs(disque_cluster)), "queues": "rd-bad", **options}
+    reader = spark.readStream.format("disque")
+    for key, value in opts.items():
+        if value is not None:
+            reader = reader.option(key, value)
+    query = reader.load().writeStream.foreachBatch(lambda df, batch_id: None) \
+        .option("checkpointLocation", str(tmp_path / "checkpoint")).start()
+    try:
+        with pytest.raises(StreamingQueryException) as info:
+            query.awaitTermination(120)  # (a hang guard: the query fails as it starts)
+    finally:
+        query.stop()
+    assert f"ValueError: {message}" in str(info.value), str(info.value)
+
+
+def test_a_password_in_a_disque_url_is_used_by_write_jobs_and_the_data_source(
+        spark, tmp_path):
+    """`disque://:secret@host:port` is a documented form of `nodes`: its password reaches
+    the executors' clients (it was dropped with the URL, and every row failed to
+    authenticate)."""
+    from tests.harness import DisqueProcess
+    from tests.integration.resp import Conn
+
+    proc = DisqueProcess(tmp_path / "secured", args=["--requirepass", "sp4rk"])
+    proc.start(wait=False)
+    try:
+        def up() -> bool:
+            with Conn(proc.port, timeout=2) as c:
+                return c.cmd("AUTH", "sp4rk") == "OK"
+        wait_for(up, timeout=30, what="the password-protected node")
+        url = f"disque://:sp4rk@127.0.0.1:{proc.port}"
+        result = write_jobs(rows_df(spark, 100, partitions=2, prefix="pw"), "pwq", url,
+                            replicate=1)
+        assert result == WriteResult(added=100, failed=0)
+        register(spark)
+        (rows_df(spark, 50, partitions=2, prefix="pd").select("body").write.format("disque")
+         .option("nodes", url).option("queue", "pwq").option("replicate", "1")
+         .mode("append").save())
+        with Client([f"127.0.0.1:{proc.port}"], password="sp4rk") as c:
+            assert c.qlen("pwq") == 150
+    finally:
+        proc.kill()

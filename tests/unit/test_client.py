@@ -15,6 +15,7 @@ from disque.client.base import AddJobsResult, Attempts, ClientBase
 from disque.client.batch import AddJobsBatch
 from disque.client.consumer import Heartbeats
 from disque.client.errors import (
+    AuthError,
     BadIdError,
     DisqueConnectionError,
     DisqueError,
@@ -246,6 +247,18 @@ def test_error_replies_map_to_typed_exceptions(line, cls):
     assert (mapped.prefix, mapped.message) == (prefix, message)
     assert str(mapped) == line
     assert type(error_from_reply(line)) is cls
+
+
+@pytest.mark.parametrize("line", [
+    "NOAUTH Authentication required.",
+    "WRONGPASS invalid username-password pair or user is disabled.",
+    "ERR invalid password",  # AUTH's answer (the original's, and RESP2 clients')
+])
+def test_authentication_failures_are_auth_errors_whatever_their_prefix(line):
+    exc = wire(b"-" + line.encode() + b"\r\n")
+    mapped = error_from_redis(exc)
+    assert type(mapped) is AuthError and str(mapped) == line
+    assert mapped.prefix == line.split(" ")[0]
 
 
 def test_unknown_error_prefix_keeps_its_prefix():

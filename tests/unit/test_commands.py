@@ -743,6 +743,40 @@ def test_client_arguments(w, args, reply):
     assert w("CLIENT", *args) == reply
 
 
+def setinfo_refused(attr: str) -> bytes:
+    return (b"-ERR %s cannot contain spaces, newlines or special characters.\r\n"
+            % attr.encode())
+
+
+@pytest.mark.parametrize("args,reply", [
+    # Redis 7.2's reply: the attribute as the client typed it
+    (["SETINFO", "lib-color", "red"], b"-ERR Unrecognized option 'lib-color'\r\n"),
+    (["SETINFO", "Lib-Color", "red"], b"-ERR Unrecognized option 'Lib-Color'\r\n"),
+    (["SETINFO", "", "red"], b"-ERR Unrecognized option ''\r\n"),
+    (["SETINFO", "lib\r\nname", "x"], b"-ERR Unrecognized option 'lib  name'\r\n"),
+    # wrong number of arguments: CLIENT's documented syntax error
+    (["SETINFO"], CLIENT_SYNTAX),
+    (["SETINFO", "lib-name"], CLIENT_SYNTAX),
+    (["SETINFO", "lib-name", "a", "b"], CLIENT_SYNTAX),
+    # the values show in CLIENT LIST, split by spaces: printable characters only
+    (["SETINFO", "lib-name", "a b"], setinfo_refused("lib-name")),
+    (["SETINFO", "LIB-NAME", "a\nb"], setinfo_refused("LIB-NAME")),
+    (["SETINFO", "lib-ver", "1.0 flags=O"], setinfo_refused("lib-ver")),
+    (["SETINFO", "LIB-VER", "\xe9"], setinfo_refused("LIB-VER")),
+])
+def test_client_setinfo_arguments(w, args, reply):
+    assert w("CLIENT", *args) == reply
+    assert (w.c.lib_name, w.c.lib_ver) == (b"", b"")  # nothing stored
+
+
+def test_client_setinfo_stores_lib_name_and_version(w):
+    assert w("CLIENT", "SETINFO", "LIB-NAME", "redis-py") == b"+OK\r\n"
+    assert w("CLIENT", "SETINFO", "lib-ver", "8.1.0") == b"+OK\r\n"
+    assert (w.c.lib_name, w.c.lib_ver) == (b"redis-py", b"8.1.0")
+    assert w("CLIENT", "SETINFO", "lib-ver", "") == b"+OK\r\n"  # an empty value clears it
+    assert w.c.lib_ver == b""
+
+
 def test_client_getname_setname(w):
     assert w("CLIENT", "GETNAME") == b"$-1\r\n"
     assert w("CLIENT", "SETNAME", "worker-1") == b"+OK\r\n"

@@ -390,6 +390,10 @@ def test_unbalanced_quotes_reason(tmp_path: Path) -> None:
     ("client-query-buffer-limit 1m",
      "Invalid value for client-query-buffer-limit: must be at least 1mb (1048576 bytes)"),
     ("queue-idle-timeout 0", "Invalid value for queue-idle-timeout: must be >= 1"),
+    ("http-idle-timeout 0", "Invalid value for http-idle-timeout: must be between 1 and 86400"),
+    ("http-body-timeout 86401",
+     "Invalid value for http-body-timeout: must be between 1 and 86400"),
+    ("http-body-timeout 1.5", "Invalid value for http-body-timeout: '1.5' is not an integer"),
     ("unixsocketperm 778", "Invalid value for unixsocketperm: must be an octal number <= 777"),
     ("unixsocketperm 1000", "Invalid value for unixsocketperm: must be an octal number <= 777"),
     ("cluster-announce-ip not-an-ip",
@@ -477,7 +481,7 @@ GET_ORDER = [
     "rereplicate-rate", "cluster-forget-ttl", "default-max-deliveries", "default-max-nacks", "deadletter-queue", "redrive-rate",
     "cluster-announce-ip", "cluster-announce-port", "cluster-config-file", "appendfilename",
     "cluster-port-offset", "cluster-password", "http-port", "http-password",
-    "metrics-max-queues",
+    "metrics-max-queues", "http-idle-timeout", "http-body-timeout",
 ]
 
 
@@ -539,7 +543,8 @@ def test_config_get_glob_is_case_sensitive(pattern: str, names: list[str]) -> No
     "port", "bind", "daemonize", "databases", "unixsocket", "unixsocketperm", "logfile",
     "pidfile", "syslog-facility", "appendfilename", "no-appendfsync-on-rewrite",
     "cluster-config-file", "cluster-password", "cluster-port-offset", "tcp-backlog",
-    "include", "rename-command", "nosuchthing", "Port",
+    "include", "rename-command", "nosuchthing", "Port", "http-idle-timeout",
+    "http-body-timeout",
 ])
 def test_config_set_unsupported(name: str) -> None:
     cfg = Config()

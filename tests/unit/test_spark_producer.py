@@ -202,6 +202,39 @@ def test_config_is_checked():
         ProducerConfig(nodes=NODES, queue="q", batch_size=0, dedup_prefix="x")
 
 
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"queue": ""}, "a queue name is needed, not ''"),
+    ({"queue": None}, "a queue name is needed, not None"),
+    ({"replicate": 0}, "replicate must be an integer from 1 to 65535, not 0"),
+    ({"replicate": 65536}, "replicate must be an integer from 1 to 65535, not 65536"),
+    ({"replicate": True}, "replicate must be an integer from 1 to 65535, not True"),
+    ({"retry": -1}, "retry must be an integer >= 0, not -1"),
+    ({"ttl": 0}, "ttl must be an integer >= 1, not 0"),
+    ({"delay": -1}, "delay must be an integer >= 0, not -1"),
+    ({"ttl": 10, "delay": 10}, "delay (10) must be smaller than ttl (10)"),
+    ({"maxlen": 0}, "maxlen must be an integer >= 1, not 0"),
+    ({"timeout_ms": -1}, "timeout_ms must be an integer >= 0, not -1"),
+    ({"timeout_ms": "5000"}, "timeout_ms must be an integer >= 0, not '5000'"),
+    ({"batch_size": 0}, "batch_size must be an integer >= 1, not 0"),
+    ({"max_attempts": 0}, "max_attempts must be an integer >= 1, not 0"),
+    ({"connections": 0}, "connections must be an integer >= 1, not 0"),
+])
+def test_config_refuses_what_every_node_would_refuse(settings, message):
+    cfg = dict(nodes=NODES, queue="q", dedup_prefix="x")
+    cfg.update(settings)
+    with pytest.raises(ValueError) as info:
+        ProducerConfig(**cfg)
+    assert str(info.value).startswith(message), str(info.value)
+
+
+def test_config_accepts_the_bounds_and_none_for_node_defaults():
+    ProducerConfig(nodes=NODES, queue="q", dedup_prefix="x", replicate=65535, retry=0, ttl=1,
+                   delay=0, maxlen=1, timeout_ms=0, batch_size=1, max_attempts=1,
+                   connections=1)
+    ProducerConfig(nodes=NODES, queue=b"q", dedup_prefix="x", replicate=None, retry=None,
+                   ttl=None, delay=None, maxlen=None, connections=None)
+
+
 def test_body_values():
     assert to_body(b"x") == b"x"
     assert to_body("é") == "é"
