@@ -6,6 +6,8 @@ DEBUG SLEEP, or stopped), and what the kernel says about a server's TCP sockets.
   still accepts the probe's connection and buffers its PING, so "no answer" is the
   observable sign that the sleep has begun (a fixed sleep after sending DEBUG SLEEP only
   guesses it).
+- `request_waiting(port)`: a request has reached a node that does not read it (asleep or
+  stopped): the kernel holds its bytes in the connection's receive queue.
 - `tcp_sockets(port)`: the kernel's table of TCP sockets (/proc/net/tcp) for one local
   port, with each socket's queues and its pending timer. Its fixed hex columns do not
   change form with the timer's value, as `ss`'s rendering does ("59sec", "1min"...).
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import os
 import socket
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,13 +27,16 @@ PING = b"*1\r\n$4\r\nPING\r\n"
 
 
 def answers_within(port: int, seconds: float) -> bool:
-    """Does the node on `port` answer a PING on a fresh connection within `seconds`?"""
+    """Does the node on `port` answer a PING on a fresh connection within `seconds`?
+    Unanswered, the probe is reset as it closes, so that its PING does not stay in the
+    kernel as an established connection's unread request (see `request_waiting`)."""
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
         s.sendall(PING)
         s.settimeout(seconds)
         try:
             return s.recv(64).startswith(b"+PONG")
         except TimeoutError:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             return False
 
 
