@@ -38,7 +38,7 @@ from typing import Any
 
 from tests.chaos.history import Workers
 from tests.chaos.partition import BusProxies
-from tests.cluster.conftest import Cluster, cmd, ok, parse_fields, reachable
+from tests.cluster.conftest import Cluster, cluster_nodes, cmd, myid, ok, parse_fields
 from tests.harness import DisqueProcess, free_port, wait_for
 
 NEMESES = ("kill", "kill-aof", "pause", "partition")
@@ -80,6 +80,7 @@ class ChaosCluster:
         self.proxies = BusProxies() if proxied else None
         self.announce: list[int] = []
         self.nodes: list[DisqueProcess] = []
+        self.ids: list[str] = []  # node IDs, by index (read at start, and after a restart)
         for i in range(n):
             node_args = list(args)
             if self.proxies is not None:
@@ -103,14 +104,33 @@ class ChaosCluster:
         for p in self.nodes[1:]:
             ok(p, "CLUSTER", "MEET", "127.0.0.1", first_port)
         self.cluster.wait_mesh()
+        self.ids = [myid(p) for p in self.nodes]
 
     @property
     def ports(self) -> list[int]:
         return [p.port for p in self.nodes]
 
+    def restarted(self, i: int) -> None:
+        self.nodes[i].start()
+        self.ids[i] = myid(self.nodes[i])
+
+    def flags_failing(self, j: int, others: list[int]) -> bool:
+        """Does node j flag every node of `others` failing (fail? or fail), or not know
+        it any more? (Counting node j's reachable nodes would also count a node flagged
+        for another reason, e.g. starved for a node timeout by the load.)"""
+        view = cluster_nodes(self.nodes[j])
+        return all((e := view.get(self.ids[i])) is None or {"fail?", "fail"} & set(e.flags)
+                   for i in others)
+
     def sees_unreachable(self, i: int) -> bool:
-        return all(reachable(p) <= len(self.nodes) - 2
+        """Every other running node flags node i failing."""
+        return all(self.flags_failing(j, [i])
                    for j, p in enumerate(self.nodes) if j != i and p.alive())
+
+    def sees_cut(self, groups: list[list[int]]) -> bool:
+        """Every node flags failing every node outside its group."""
+        return all(self.flags_failing(j, [i for i in range(len(self.nodes)) if i not in g])
+                   for g in groups for j in g)
 
     def rereplication_done(self) -> bool:
         """No node restoring copies (nodes without the INFO field count as done)."""
@@ -187,7 +207,7 @@ class KillNemesis(Nemesis):
         c.nodes[k].kill()
         noticed = settle(lambda: c.sees_unreachable(k))
         self.progress()
-        c.nodes[k].start()
+        c.restarted(k)
         self.recovered()
         return noticed
 
@@ -226,8 +246,7 @@ class PartitionNemesis(Nemesis):
             cut = self.rng.randint(1, n // 2)
             groups = [order[:cut], order[cut:]]
             c.proxies.cut(groups)
-            noticed = settle(lambda: all(reachable(c.nodes[j]) <= len(g) - 1
-                                         for g in groups for j in g))
+            noticed = settle(lambda: c.sees_cut(groups))
         self.progress()
         c.proxies.heal()
         self.recovered()
