@@ -5,8 +5,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from tests.harness import DisqueProcess
+from tests.hypothesis_profile import SUITE_PROFILE
+
+settings.load_profile(SUITE_PROFILE)  # no per-example deadline: a stall is not a failure
 
 
 def pytest_configure(config: pytest.Config) -> None:

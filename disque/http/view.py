@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import hiredis
@@ -100,7 +101,7 @@ class Census:
     def __init__(self) -> None:
         self.by_state = dict.fromkeys((s.decode() for s in STATE_NAMES), 0)
         self.active_by_queue: dict[bytes, int] = {}
-        self.taken_at = 0.0  # time.monotonic() when the walk ended
+        self.taken_at = 0.0  # the view's clock when the walk ended
         self.cost = 0.0  # seconds of loop time the walk used (its rests not included)
         self.slices = 0  # how many slices it took
 
@@ -118,10 +119,15 @@ class QueueTable:
 
 
 class NodeView:
-    """Read-only facade over the running server, plus the command door."""
+    """Read-only facade over the running server, plus the command door. `clock` (monotonic
+    seconds) and `sleep` pace the census; tests pass their own to check the pacing without
+    waiting for it."""
 
-    def __init__(self, server: Any) -> None:
+    def __init__(self, server: Any, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self._server = server
+        self._clock = clock
+        self._sleep = sleep
         self._census: Census | None = None
         self._census_task: asyncio.Task[Census] | None = None
 
@@ -300,7 +306,7 @@ class NodeView:
         one walk; a walk over more than one slice is paced (CENSUS_DUTY) and, while it runs,
         callers get the previous census."""
         c = self._census
-        if c is not None and time.monotonic() - c.taken_at < c.cost * CENSUS_REUSE:
+        if c is not None and self._clock() - c.taken_at < c.cost * CENSUS_REUSE:
             return c
         stale = c is not None and c.slices > 1
         if self._census_task is None or self._census_task.done():
@@ -318,7 +324,7 @@ class NodeView:
     def census_age(self) -> float:
         """Seconds since the last census ended (0 before the first)."""
         c = self._census
-        return time.monotonic() - c.taken_at if c is not None else 0.0
+        return self._clock() - c.taken_at if c is not None else 0.0
 
     async def _take_census(self, paced: bool) -> Census:
         c = Census()
@@ -326,8 +332,9 @@ class NodeView:
         counts = [0] * len(STATE_NAMES)
         active = c.active_by_queue
         rest = 1 / CENSUS_DUTY - 1 if paced else 0.0
+        clock, sleep = self._clock, self._sleep
         seen = 0
-        start = time.monotonic()
+        start = clock()
         for i in range(jobs.shard_count()):
             shard = jobs.shard(i)
             if not shard:
@@ -339,14 +346,14 @@ class NodeView:
             seen += len(shard)
             if seen >= CENSUS_SLICE:
                 seen = 0
-                took = time.monotonic() - start
+                took = clock() - start
                 c.cost += took
                 c.slices += 1
-                await asyncio.sleep(took * rest)
-                start = time.monotonic()
-        c.cost += time.monotonic() - start
+                await sleep(took * rest)
+                start = clock()
+        c.cost += clock() - start
         c.slices += 1
         c.by_state = {STATE_NAMES[i].decode(): n for i, n in enumerate(counts)}
-        c.taken_at = time.monotonic()
+        c.taken_at = clock()
         self._census = c
         return c

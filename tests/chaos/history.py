@@ -353,14 +353,18 @@ class Workers:
                           for i in range(consumers)]
         self._collecting = True
         self._collector = threading.Thread(target=self._collect, daemon=True)
+        self.collector_error: BaseException | None = None
 
     def _collect(self) -> None:
-        while self._collecting:
-            try:
-                events = self.out.get(timeout=0.1)
-            except queue_mod.Empty:
-                continue
-            self.history.fold(events)
+        try:
+            while self._collecting:
+                try:
+                    events = self.out.get(timeout=0.1)
+                except queue_mod.Empty:
+                    continue
+                self.history.fold(events)
+        except BaseException as exc:  # noqa: BLE001 - raised by stop(), in the test
+            self.collector_error = exc
 
     def start(self) -> None:
         self._collector.start()
@@ -392,3 +396,5 @@ class Workers:
             time.sleep(0.05)
         self._collecting = False
         self._collector.join(timeout=5)
+        if self.collector_error is not None:  # the history misses events: no verdict
+            raise AssertionError("the history collector failed") from self.collector_error

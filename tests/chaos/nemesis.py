@@ -18,7 +18,9 @@ The nemeses (`NEMESES`):
 A fault lasts until the cluster has noticed it (the others see the node unreachable) and
 the producers made progress; after healing, the next fault waits for the full mesh and more
 progress (and, where the nodes report it, for copies lost by a restart to be restored). No
-fixed sleeps: every step polls a condition, bounded by a deadline.
+fixed sleeps: every step polls a condition, bounded by a deadline. Only a fault the cluster
+noticed within that deadline counts (`faults`); the others are counted apart
+(`ineffective`) and named in the report, so a run cannot pass on faults that never bit.
 
 `python -m tests.chaos.run` (`make chaos`) runs them and prints the table; the short tests
 in test_nemeses.py run each for ~20 s.
@@ -36,7 +38,7 @@ from typing import Any
 
 from tests.chaos.history import Workers
 from tests.chaos.partition import BusProxies
-from tests.cluster.conftest import Cluster, cmd, ok, parse_fields, reachable
+from tests.cluster.conftest import Cluster, cluster_nodes, cmd, myid, ok, parse_fields
 from tests.harness import DisqueProcess, free_port, wait_for
 
 NEMESES = ("kill", "kill-aof", "pause", "partition")
@@ -52,9 +54,10 @@ DRAIN_STALL = 30.0  # s without a new delivery: the rest is lost
 class RunResult:
     nemesis: str
     seconds: float
-    faults: int
+    faults: int  # faults that took effect: the other nodes saw them
     report: dict[str, Any]
     notes: list[str] = field(default_factory=list)
+    ineffective: int = 0  # faults the cluster did not notice within STEP_DEADLINE
 
 
 def settle(cond: Callable[[], Any], timeout: float = STEP_DEADLINE) -> bool:
@@ -77,6 +80,7 @@ class ChaosCluster:
         self.proxies = BusProxies() if proxied else None
         self.announce: list[int] = []
         self.nodes: list[DisqueProcess] = []
+        self.ids: list[str] = []  # node IDs, by index (read at start, and after a restart)
         for i in range(n):
             node_args = list(args)
             if self.proxies is not None:
@@ -100,14 +104,33 @@ class ChaosCluster:
         for p in self.nodes[1:]:
             ok(p, "CLUSTER", "MEET", "127.0.0.1", first_port)
         self.cluster.wait_mesh()
+        self.ids = [myid(p) for p in self.nodes]
 
     @property
     def ports(self) -> list[int]:
         return [p.port for p in self.nodes]
 
+    def restarted(self, i: int) -> None:
+        self.nodes[i].start()
+        self.ids[i] = myid(self.nodes[i])
+
+    def flags_failing(self, j: int, others: list[int]) -> bool:
+        """Does node j flag every node of `others` failing (fail? or fail), or not know
+        it any more? (Counting node j's reachable nodes would also count a node flagged
+        for another reason, e.g. starved for a node timeout by the load.)"""
+        view = cluster_nodes(self.nodes[j])
+        return all((e := view.get(self.ids[i])) is None or {"fail?", "fail"} & set(e.flags)
+                   for i in others)
+
     def sees_unreachable(self, i: int) -> bool:
-        return all(reachable(p) <= len(self.nodes) - 2
+        """Every other running node flags node i failing."""
+        return all(self.flags_failing(j, [i])
                    for j, p in enumerate(self.nodes) if j != i and p.alive())
+
+    def sees_cut(self, groups: list[list[int]]) -> bool:
+        """Every node flags failing every node outside its group."""
+        return all(self.flags_failing(j, [i for i in range(len(self.nodes)) if i not in g])
+                   for g in groups for j in g)
 
     def rereplication_done(self) -> bool:
         """No node restoring copies (nodes without the INFO field count as done)."""
@@ -139,13 +162,15 @@ class ChaosCluster:
 
 # ---------------------------------------------------------------------------- nemeses
 class Nemesis:
-    """One fault after another until `seconds` passed; `faults` counts them."""
+    """One fault after another until `seconds` passed. `faults` counts those that took
+    effect (the other nodes saw them within STEP_DEADLINE), `ineffective` the others."""
 
     def __init__(self, c: ChaosCluster, workers: Workers, rng: random.Random) -> None:
         self.c = c
         self.workers = workers
         self.rng = rng
         self.faults = 0
+        self.ineffective = 0
 
     def progress(self, n: int = PROGRESS) -> None:
         h = self.workers.history
@@ -161,11 +186,14 @@ class Nemesis:
         end = time.monotonic() + seconds
         i = 0
         while time.monotonic() < end:
-            self.fault(i)
-            self.faults += 1
+            if self.fault(i):
+                self.faults += 1
+            else:
+                self.ineffective += 1
             i += 1
 
-    def fault(self, i: int) -> None:
+    def fault(self, i: int) -> bool:
+        """Inject fault number i, let the workload go on, heal: did it take effect?"""
         raise NotImplementedError
 
 
@@ -173,54 +201,56 @@ class KillNemesis(Nemesis):
     """kill -9 node i mod N; it stays down until the others see it unreachable and the
     producers moved on; then it starts again with the same directory."""
 
-    def fault(self, i: int) -> None:
+    def fault(self, i: int) -> bool:
         c = self.c
         k = i % len(c.nodes)
         c.nodes[k].kill()
-        settle(lambda: c.sees_unreachable(k))
+        noticed = settle(lambda: c.sees_unreachable(k))
         self.progress()
-        c.nodes[k].start()
+        c.restarted(k)
         self.recovered()
+        return noticed
 
 
 class PauseNemesis(Nemesis):
     """SIGSTOP a random node until the others see it unreachable, then SIGCONT."""
 
-    def fault(self, i: int) -> None:
+    def fault(self, i: int) -> bool:
         c = self.c
         k = self.rng.randrange(len(c.nodes))
         p = c.nodes[k]
         p.proc.send_signal(signal.SIGSTOP)  # type: ignore[union-attr]
         try:
-            settle(lambda: c.sees_unreachable(k))
+            noticed = settle(lambda: c.sees_unreachable(k))
             self.progress()
         finally:
             p.proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
         self.recovered()
+        return noticed
 
 
 class PartitionNemesis(Nemesis):
     """Alternately random halves and one-node isolations of the bus, healed in between."""
 
-    def fault(self, i: int) -> None:
+    def fault(self, i: int) -> bool:
         c = self.c
         n = len(c.nodes)
         assert c.proxies is not None
         if i % 2:
             k = self.rng.randrange(n)
             c.proxies.isolate(k, n)
-            settle(lambda: c.sees_unreachable(k))
+            noticed = settle(lambda: c.sees_unreachable(k))
         else:
             order = list(range(n))
             self.rng.shuffle(order)
             cut = self.rng.randint(1, n // 2)
             groups = [order[:cut], order[cut:]]
             c.proxies.cut(groups)
-            settle(lambda: all(reachable(c.nodes[j]) <= len(g) - 1
-                               for g in groups for j in g))
+            noticed = settle(lambda: c.sees_cut(groups))
         self.progress()
         c.proxies.heal()
         self.recovered()
+        return noticed
 
 
 NEMESIS_CLASSES: dict[str, type[Nemesis]] = {
@@ -252,7 +282,10 @@ def run_chaos(nemesis: str, seconds: float, workdir: Path, seed: int = 1) -> Run
         drain(h)
         if c.proxies is not None:
             notes.append(f"bus links cut: {c.proxies.cuts}")
-        return RunResult(nemesis, elapsed, nem.faults, h.report(), notes)
+        if nem.ineffective:
+            notes.append(f"{nem.ineffective} faults not noticed by the cluster within "
+                         f"{STEP_DEADLINE:.0f} s (not counted)")
+        return RunResult(nemesis, elapsed, nem.faults, h.report(), notes, nem.ineffective)
     finally:
         if workers is not None:
             workers.stop()
@@ -280,8 +313,8 @@ COLUMNS = (("added_ok", "added-ok", "{:d}"), ("delivered", "delivered", "{:d}"),
 
 
 def table(results: list[RunResult]) -> str:
-    head = ["nemesis", "seconds", "faults"] + [title for _, title, _ in COLUMNS]
-    rows = [[r.nemesis, f"{r.seconds:.0f}", str(r.faults)]
+    head = ["nemesis", "seconds", "faults", "no-effect"] + [title for _, title, _ in COLUMNS]
+    rows = [[r.nemesis, f"{r.seconds:.0f}", str(r.faults), str(r.ineffective)]
             + [fmt.format(r.report[key]) for key, _, fmt in COLUMNS] for r in results]
     widths = [max(len(x) for x in col) for col in zip(head, *rows, strict=True)]
     lines = ["  ".join(x.rjust(w) for x, w in zip(row, widths, strict=True))

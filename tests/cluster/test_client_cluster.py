@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import threading
-import time
 
 import pytest
 
-from disque.client import Client, DisqueConnectionError, Job
+from disque.client import Client, DisqueConnectionError
 from tests.cluster.conftest import cmd, myid, ok
 from tests.harness import DisqueProcess, wait_for
+from tests.integration.resp import ConnectionClosed
+from tests.threads import Background
+from tests.waits import request_waiting, wait_unresponsive
 
 
 def addr(p: DisqueProcess) -> str:
@@ -69,17 +70,14 @@ def test_a_blocked_getjob_told_leaving_is_retried_elsewhere(cluster):
     a, b = nodes[0], nodes[1]
     with Client([addr(a)]) as c:
         client_on(c, a)
-        got: list[list[Job]] = []
-        t = threading.Thread(target=lambda: got.append(c.get_job("lq2", timeout=15000)))
-        t.start()
+        getter = Background(c.get_job, "lq2", timeout=15000)
         wait_for(lambda: cmd(a, "QSTAT", "lq2") is not None, what="the GETJOB blocked on a")
         ok(a, "CLUSTER", "LEAVING", "yes")  # wakes the blocked client with -LEAVING
         wait_for(lambda: c.node is not None and c.node.port != a.port, what="client moved")
         target = next(p for p in nodes if c.node is not None and p.port == c.node.port)
         assert target in (b, nodes[2])
         cmd(target, "ADDJOB", "lq2", "x", 0, "REPLICATE", 1)
-        t.join(timeout=20)
-        assert got and [j.body for j in got[0]] == [b"x"]
+        assert [j.body for j in getter.result(timeout=20)] == [b"x"]
 
 
 def test_a_killed_node_makes_the_client_reconnect_elsewhere(cluster):
@@ -102,16 +100,13 @@ def test_a_blocked_getjob_survives_the_death_of_its_node(cluster):
     a = nodes[0]
     with Client([addr(p) for p in nodes]) as c:
         client_on(c, a)
-        got: list[list[Job]] = []
-        t = threading.Thread(target=lambda: got.append(c.get_job("dq", timeout=20000)))
-        t.start()
+        getter = Background(c.get_job, "dq", timeout=20000)
         wait_for(lambda: cmd(a, "QSTAT", "dq") is not None, what="the GETJOB blocked on a")
         a.kill(signal.SIGKILL)
         wait_for(lambda: c.node is not None and c.node.port != a.port, what="client moved")
         target = next(p for p in nodes if c.node is not None and p.port == c.node.port)
         cmd(target, "ADDJOB", "dq", "survived", 0, "REPLICATE", 1)
-        t.join(timeout=30)
-        assert got and [j.body for j in got[0]] == [b"survived"]
+        assert [j.body for j in getter.result(timeout=30)] == [b"survived"]
 
 
 @pytest.mark.parametrize("allow_retry", [False, True])
@@ -123,13 +118,16 @@ def test_addjob_whose_reply_is_lost_is_resent_only_when_allowed(cluster, allow_r
         c.ping()
         # stall node a, send ADDJOB to it, kill it before it answers: the reply is lost
         def stall() -> None:
-            with contextlib.suppress(Exception):  # the node is killed under it
-                cmd(a, "DEBUG", "SLEEP", "3", timeout=10)
+            with contextlib.suppress(ConnectionClosed):  # the node is killed under it
+                cmd(a, "DEBUG", "SLEEP", "60", timeout=90)
 
-        sleeper = threading.Thread(target=stall)
-        sleeper.start()
-        time.sleep(0.3)
-        threading.Timer(0.5, lambda: a.kill(signal.SIGKILL)).start()
+        def kill_once_the_addjob_arrived() -> None:
+            wait_for(lambda: request_waiting(a.port), what="the ADDJOB unread on a")
+            a.kill(signal.SIGKILL)
+
+        sleeper = Background(stall)
+        wait_unresponsive(a.port)
+        killer = Background(kill_once_the_addjob_arrived)
         if allow_retry:
             job_id = c.add_job("rq", "maybe", replicate=1, allow_retry=True)
             assert c.node is not None and c.node.port != a.port
@@ -138,7 +136,8 @@ def test_addjob_whose_reply_is_lost_is_resent_only_when_allowed(cluster, allow_r
             with pytest.raises(DisqueConnectionError) as exc:
                 c.add_job("rq", "maybe", replicate=1)
             assert not exc.value.unreachable  # sent: the job may exist on the dead node
-        sleeper.join(timeout=10)
+        killer.result(timeout=30)
+        sleeper.result(timeout=30)
 
 
 def test_consumer_moves_to_the_node_producing_its_jobs(cluster):

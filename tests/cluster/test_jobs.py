@@ -15,7 +15,17 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import Cluster, cmd, hello, holds_for, myid, ok, parse_fields
+from disque.cluster.jobs import NOREPL_REMOVED, NOREPL_TIMEOUT
+from tests.cluster.conftest import (
+    Cluster,
+    cluster_nodes,
+    cmd,
+    hello,
+    holds_for,
+    myid,
+    ok,
+    parse_fields,
+)
 from tests.harness import DisqueProcess, wait_for
 from tests.integration.resp import Conn, Err, Status, pairs
 
@@ -164,18 +174,21 @@ def test_noreplicate_more_than_reachable_nodes(cluster):
 
 
 def test_noreplicate_right_after_killing_nodes_and_extra_nodes_are_tried(cluster):
-    """Checklist §13.6: with 2 of 5 nodes freshly killed (not yet flagged: node timeout 3 s),
-    REPLICATE 5 times out with -NOREPL and leaves no copy behind; REPLICATE 3 (= the alive
-    nodes) still succeeds because one more node is tried every 50 ms."""
-    c = cluster(5, node_timeout=3000)
+    """Checklist §13.6: with 2 of 5 nodes freshly killed (not yet flagged: node timeout
+    15 s), REPLICATE 5 times out with -NOREPL and leaves no copy behind; REPLICATE 3 (= the
+    alive nodes) still succeeds because one more node is tried every 50 ms."""
+    c = cluster(5, node_timeout=15000)
     a, b, cc, d, e = c.nodes
     d.kill()
     e.kill()
-    t0 = time.monotonic()
     reply = cmd(a, "ADDJOB", Q, "too-many", 1000, "REPLICATE", 5)
-    assert isinstance(reply, Err) and reply.startswith("NOREPL"), reply
+    assert reply == f"NOREPL {NOREPL_TIMEOUT}", reply  # it waited: d and e counted
     jid = add(a, "just-enough", "REPLICATE", 3, timeout=5000)
-    assert time.monotonic() - t0 < 3.0, "took so long that the dead nodes may be flagged"
+    # Both ADDJOBs ran while a still counted d and e as reachable (a dead node, once
+    # flagged, stays flagged), so the second one had to try more nodes than it first
+    # chose; flagged, they would not have been chosen at all.
+    dead = [n for n in cluster_nodes(a).values() if n.port in (d.port, e.port)]
+    assert len(dead) == 2 and not any({"fail?", "fail"} & set(n.flags) for n in dead), dead
     assert sorted(p.port for p in holders([a, b, cc], jid)) == sorted([a.port, b.port, cc.port])
     # The timed-out job was deleted (best effort DELJOB) on the nodes that got a copy.
     wait_for(lambda: all(all_ids(p) == [jid] for p in (a, b, cc)), timeout=10,
@@ -183,14 +196,13 @@ def test_noreplicate_right_after_killing_nodes_and_extra_nodes_are_tried(cluster
 
 
 def test_noreplicate_when_the_job_expires_while_waiting(cluster):
-    """Checklist §13.6: TTL 1 with a REPLICATE that cannot be reached -> -NOREPL (expired)."""
-    c = cluster(3, node_timeout=3000)
+    """Checklist §13.6: TTL 1 with a REPLICATE that cannot be reached -> -NOREPL (expired):
+    the job's expiry ends the wait, not the ADDJOB timeout (10 s), which has its own text."""
+    c = cluster(3, node_timeout=15000)
     c[2].kill()
-    t0 = time.monotonic()
     reply = cmd(c[0], "ADDJOB", Q, "short", 10000, "REPLICATE", 3, "TTL", 1, "RETRY", 1,
                 timeout=20)
-    assert isinstance(reply, Err) and reply.startswith("NOREPL"), reply
-    assert time.monotonic() - t0 < 8.0
+    assert reply == f"NOREPL {NOREPL_REMOVED}", reply
     wait_for(lambda: registered_jobs(c[0]) == 0 and registered_jobs(c[1]) == 0, timeout=10,
              what="no copy left")
 
@@ -204,6 +216,10 @@ def test_sync_addjob_succeeds_when_a_dead_target_comes_back_in_time(cluster):
     conn = Conn(a.port, timeout=30)
     try:
         conn.send_cmd("ADDJOB", Q, "late", 20000, "REPLICATE", 3)
+        # the ADDJOB is taken and waits for the dead target: no early answer (-NOREPL)
+        wait_for(lambda: parse_fields(cmd(a, "INFO", "clients"))["blocked_clients"] == "1",
+                 what="the ADDJOB waiting for its copies")
+        assert registered_jobs(a) == 1
         assert conn.nothing_pending()
         victim.start()
         reply = conn.read(timeout=25)
@@ -262,14 +278,15 @@ def test_external_replication_when_out_of_memory(cluster):
 
 # ---------------------------------------------------------------------------- federation
 def test_getjob_on_b_promptly_serves_a_job_produced_on_a(cluster):
+    """The GETJOB on b, blocked up to 60 s, returns because the job came from a (its reply
+    holds the job), not because its timeout expired. That the GETJOB asks at once (its
+    NEEDJOBS broadcast) is pinned by the sans-I/O test_a_blocking_getjob_broadcasts_
+    needjobs_for_one_job; how fast jobs move between nodes is for `make bench`."""
     c = cluster(3)
     a, b = c[0], c[1]
     jid = add(a, "far away", "REPLICATE", 1)
-    t0 = time.monotonic()
-    got = getjob(b, timeout_ms=10000)
-    elapsed = time.monotonic() - t0
+    got = getjob(b, timeout_ms=60000)
     assert got == [[b"q", jid.encode(), b"far away"]], got
-    assert elapsed < 2.0, f"federation took {elapsed:.2f}s"
     assert show(a, jid) is not None  # a retry > 0 job moved: the source keeps a copy
     imported = pairs(cmd(b, "QSTAT", Q))["import-from"]
     assert myid(a).encode() in imported, "QSTAT import-from names the source"

@@ -5,16 +5,20 @@ copy of a job. Issue 15."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import cmd, kill_until_failed
+from disque.node import REQUEUE_JITTER
+from tests.cluster.conftest import cmd, kill_until_failed, parse_fields
 from tests.harness import DisqueProcess, wait_for
 from tests.integration.resp import pairs
 from tests.integration.worker_proc import Workers, stop, workers_of
+
+RETRY = 2  # s, of the job a killed worker leaves behind
 
 
 @pytest.fixture
@@ -26,6 +30,11 @@ def state(node: DisqueProcess, job_id: str) -> Any:
     """The job's state on `node`, None when the node does not have it."""
     shown = cmd(node, "SHOW", job_id)
     return None if shown is None else pairs(shown)["state"]
+
+
+def connected_clients(node: DisqueProcess) -> int:
+    """INFO's connected_clients (the asking connection included)."""
+    return int(parse_fields(cmd(node, "INFO", "clients"))["connected_clients"])
 
 
 def done_with(nodes: list[DisqueProcess], job_id: str) -> bool:
@@ -50,19 +59,30 @@ def test_worker_on_one_node_processes_jobs_added_on_every_node(cluster, workers:
 def test_worker_killed_mid_job_leaves_the_job_to_another_worker_after_retry(
         cluster, workers: Workers) -> None:
     nodes = cluster(3)
-    job_id = cmd(nodes[0], "ADDJOB", "q", "body", "0", "RETRY", "2")
+    added_at = time.time()  # before the job exists: every copy's requeue timer is later
+    job_id = cmd(nodes[0], "ADDJOB", "q", "body", "0", "RETRY", str(RETRY))
     a = workers.start("slow", ["q"], [nodes[0].port], work=600)
     (started,) = workers.wait_events("start", 1)
     assert started.pid == a.pid and started.job == job_id
     a.kill()  # kill -9: no ACK, no NACK, no more WORKING
+    # The node saw the worker's connections close and did not requeue the job for that:
+    # it is still active, unless a RETRY timer could already have come due (then it is
+    # an additional delivery).
+    wait_for(lambda: connected_clients(nodes[0]) == 1, what="the worker's connections closed")
+    shown = pairs(cmd(nodes[0], "SHOW", job_id))
+    retry_may_be_due = time.time() - added_at >= RETRY - REQUEUE_JITTER / 1000
+    assert shown["nacks"] == 0, shown
+    assert shown["state"] == b"active" or (
+        retry_may_be_due and shown["additional-deliveries"] >= 1), shown
     b = workers.start("slow", ["q"], [nodes[1].port], work=0)
     (done,) = workers.wait_events("done", 1, timeout=30)
     assert done.pid == b.pid and done.job == job_id
     again = [e for e in workers.events("start") if e.pid == b.pid]
     assert len(again) == 1
-    # requeued by its RETRY timer (an additional delivery), not before RETRY elapsed
+    # requeued by a RETRY timer (an additional delivery, not a NACK), and not before
+    # RETRY, less the node's requeue jitter, from before the job existed
     assert again[0].deliveries >= 1 and again[0].nacks == 0
-    assert again[0].time - started.time >= 1.8
+    assert again[0].time - added_at >= RETRY - REQUEUE_JITTER / 1000, (again, added_at)
     wait_for(lambda: done_with(nodes.nodes, job_id), what="the job acked everywhere")
     assert stop(b) == 0
     assert b.summary()["acked"] == 1

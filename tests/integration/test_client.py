@@ -28,7 +28,8 @@ from disque.client import (
     TooLateError,
 )
 from tests.harness import DisqueProcess, free_port, wait_for
-from tests.integration.resp import JOB_ID_RE
+from tests.integration.resp import JOB_ID_RE, Conn, blocked_on
+from tests.threads import Background
 
 UNKNOWN_ID = "D-00000000-000000000000000000000000-05a1"
 
@@ -103,12 +104,16 @@ def test_get_job_counts_nohang_timeout_and_counters(client: Client, q: str):
 def test_blocking_get_job_outlasts_the_socket_timeout(node: DisqueProcess, q: str):
     with Client([f"127.0.0.1:{node.port}"], socket_timeout=0.2) as c:
         assert c.get_job(q, timeout=600) == []  # no read timeout before the node answers
-        with Client([f"127.0.0.1:{node.port}"]) as other:
-            timer = threading.Timer(0.4, lambda: other.add_job(q, b"late"))
-            timer.start()
+        with Client([f"127.0.0.1:{node.port}"]) as other, Conn(node.port) as probe:
+            def add_late() -> str:
+                wait_for(lambda: blocked_on(probe, q) == 1, what="the GETJOB blocked")
+                time.sleep(0.4)  # the scenario: blocked for twice the socket timeout
+                return other.add_job(q, b"late")
+
+            producer = Background(add_late)
             [job] = c.get_job(q)  # blocks (TIMEOUT 0) until the job comes
             assert job.body == b"late"
-            timer.join()  # the producer may still be reading its reply
+            assert producer.result(timeout=30) == job.id
 
 
 def test_fast_ack_del_job_enqueue_dequeue(client: Client, q: str):
@@ -243,13 +248,16 @@ def test_consume_sends_working_for_a_long_handler(node: DisqueProcess, q: str):
 
 
 def test_consume_stops_on_the_stop_event(node: DisqueProcess, q: str):
-    with Client([f"127.0.0.1:{node.port}"]) as c:
+    with Client([f"127.0.0.1:{node.port}"]) as c, Conn(node.port) as probe:
         stop = threading.Event()
-        threading.Timer(0.5, stop.set).start()
-        t0 = time.monotonic()
-        stats = c.consume([q], lambda job: None, concurrency=3, stop_event=stop, poll_ms=200)
+        consumer = Background(c.consume, [q], lambda job: None, concurrency=3,
+                              stop_event=stop, poll_ms=200, handle_signals=False)
+        # it is polling (its GETJOBs block on the node), and goes on until told to stop
+        wait_for(lambda: blocked_on(probe, q) >= 1, what="the consumer polling")
+        assert consumer.is_alive()
+        stop.set()
+        stats = consumer.result(timeout=30)
         assert stats.received == 0
-        assert time.monotonic() - t0 < 3
 
 
 def test_consume_stops_cleanly_on_sigterm_and_restores_the_handler(node: DisqueProcess, q: str):

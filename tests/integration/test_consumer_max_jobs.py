@@ -6,10 +6,10 @@ consumer returns with fewer than max_jobs jobs, although more arrive right after
 from __future__ import annotations
 
 import asyncio
-import threading
 
 from disque.client import AsyncClient, Client
 from tests.harness import wait_for
+from tests.threads import Background
 
 
 def addr(p) -> str:
@@ -20,21 +20,17 @@ def test_max_jobs_with_two_workers_consumes_exactly_max_jobs(server):
     with Client([addr(server)]) as c, Client([addr(server)]) as producer:
         for i in range(2):
             producer.add_job("mj", f"j{i}", replicate=1)
-        out = {}
-        t = threading.Thread(target=lambda: out.setdefault("stats", c.consume(
-            "mj", lambda job: None, concurrency=2, max_jobs=3, poll_ms=300,
-            handle_signals=False, follow_producers=False)), daemon=True)
-        t.start()
+        consumer = Background(c.consume, "mj", lambda job: None, concurrency=2, max_jobs=3,
+                              poll_ms=300, handle_signals=False, follow_producers=False)
         wait_for(lambda: producer.qlen("mj") == 0 and not list(producer.jscan(queue="mj")),
                  timeout=10,
                  what="the first two jobs to be consumed and acked")
         # the consumer still owes one job: it must still be running a few polls later
-        t.join(timeout=1.5)
-        assert t.is_alive(), f"consume() returned early: {out['stats']}"
+        consumer.join(timeout=1.5)
+        assert consumer.is_alive(), f"consume() returned early: {consumer.result()}"
         producer.add_job("mj", "j2", replicate=1)
-        t.join(timeout=10)
-        assert not t.is_alive(), "consume() did not stop after max_jobs"
-        assert out["stats"].acked == 3, f"stopped after {out['stats'].acked} of max_jobs=3"
+        stats = consumer.result(timeout=10)  # fails if it did not stop after max_jobs
+        assert stats.acked == 3, f"stopped after {stats.acked} of max_jobs=3"
 
 
 async def test_async_max_jobs_with_two_workers_consumes_exactly_max_jobs(server):

@@ -26,6 +26,7 @@ from disque.http.app import MAX_BODY, MAX_CONNECTIONS
 from disque.tools.ports import free_port
 from tests.harness import REPO, DisqueProcess, wait_for
 from tests.integration.resp import Conn, Err, add, info, qstat, show
+from tests.threads import Background
 
 
 def http_port() -> int:
@@ -108,8 +109,7 @@ def test_metrics_parse_and_match_info_and_qstat_under_load(hnode: DisqueProcess,
                         acked.append(job[1])
                 assert all(not isinstance(r, Err) for r in ids)
 
-    t = threading.Thread(target=load)
-    t.start()
+    loader = Background(load)  # its assertions fail the test through result()
     try:
         # scrapes while the node is busy: every one parses and has the queue's series
         deadline = time.monotonic() + 1.5
@@ -121,7 +121,7 @@ def test_metrics_parse_and_match_info_and_qstat_under_load(hnode: DisqueProcess,
             scrapes += 1
     finally:
         stop.set()
-        t.join(timeout=30)
+    loader.result(timeout=30)
     assert acked and nacked
 
     with Conn(hnode.port) as c:
@@ -254,7 +254,11 @@ def test_api_reads_node_queues_queue_and_job(hnode: DisqueProcess, q: str) -> No
     assert node["info"]["Jobs"]["registered_jobs"] >= 3
     assert isinstance(node["census_age"], float) and node["census_age"] >= 0
     queues = {x["name"]: x for x in get_json(port, "/api/queues")["queues"]}
-    assert queues[q]["len"] == 2 and queues[q]["active"] == 1 and queues[q]["added"] == 3
+    assert queues[q]["len"] == 2 and queues[q]["added"] == 3
+    # `active` comes from the registry census, which a request may get up to CENSUS_REUSE
+    # times its cost old (an earlier test's census, on a loaded machine): it catches up.
+    wait_for(lambda: {x["name"]: x for x in get_json(port, "/api/queues")["queues"]}[q][
+        "active"] == 1, what="the census counting the fetched job as active")
     one = get_json(port, f"/api/queues/{q}")
     assert one["stat"]["len"] == 2
     assert one["head"] == [i for i in ids if i != fetched]
@@ -465,11 +469,26 @@ def test_a_stalled_header_or_body_is_closed_after_its_timeout(tmp_path: Path) ->
         proc.kill()
 
 
-def resp_latency(port: int) -> float:
-    t0 = time.monotonic()
-    with Conn(port, timeout=5) as c:
+def resp_answers(port: int) -> None:
+    """A PING on a fresh RESP connection is answered. The timeout is generous: missing it
+    means the loop was blocked (here: until the HTTP side's IDLE_TIMEOUT of 10 s freed it),
+    not slow; how fast RESP answers beside HTTP load is for `make bench`."""
+    with Conn(port, timeout=10) as c:
         assert c.cmd("PING") == "PONG"
-    return time.monotonic() - t0
+
+
+def held_open(s: socket.socket) -> bool:
+    """Has the server neither answered nor closed this connection (yet)?"""
+    s.setblocking(False)
+    try:
+        s.recv(1)  # a reply, or b"" for a close
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:  # reset
+        return False
+    finally:
+        s.setblocking(True)
 
 
 def test_slowloris_and_flood_on_http_never_block_resp(hnode: DisqueProcess) -> None:
@@ -486,7 +505,11 @@ def test_slowloris_and_flood_on_http_never_block_resp(hnode: DisqueProcess) -> N
                 s.sendall(b"X-Slow: 1\r\n")
             except OSError:
                 pass  # already closed by the server: fine
-        assert resp_latency(hnode.port) < 1.0
+        resp_answers(hnode.port)
+        # ... while the HTTP side still holds the half-sent requests open: RESP was served
+        # beside them, not once they timed out
+        held = sum(held_open(s) for s in slow[:MAX_CONNECTIONS])
+        assert held > 0, "every slow connection was closed before RESP answered"
         # past the cap, a connection is answered 503 and closed at once
         extra = socket.create_connection(("127.0.0.1", port), timeout=5)
         head = extra.recv(64)
@@ -503,22 +526,23 @@ def test_slowloris_and_flood_on_http_never_block_resp(hnode: DisqueProcess) -> N
                     request(port, "/api/queues", timeout=5)
                     done[0] += 1
                 except OSError:
-                    pass
+                    pass  # refused past the cap, or timed out: the flood goes on
 
         for s in slow:  # free the slots for the flood
             s.close()
         slow.clear()
-        threads = [threading.Thread(target=flood) for _ in range(8)]
-        for t in threads:
-            t.start()
+        flooders = [Background(flood) for _ in range(8)]
         try:
             wait_for(lambda: done[0] >= 20, timeout=30, what="the flood to get through")
-            worst = max(resp_latency(hnode.port) for _ in range(20))
-            assert worst < 1.0, f"RESP PING took {worst:.3f}s during the HTTP flood"
+            for _ in range(20):
+                resp_answers(hnode.port)
+            # the HTTP side kept serving the flood meanwhile
+            before = done[0]
+            wait_for(lambda: done[0] > before, timeout=30, what="the flood to go on")
         finally:
             stop.set()
-            for t in threads:
-                t.join(timeout=30)
+        for t in flooders:
+            t.result(timeout=30)
     finally:
         for s in slow:
             s.close()

@@ -4,47 +4,57 @@ more than notice (client connections)."""
 
 from __future__ import annotations
 
-import re
-import shutil
-import subprocess
+import time
 
 import pytest
 
 from tests.harness import DisqueProcess, wait_for
 from tests.integration.resp import Conn
+from tests.waits import (
+    CLOCK_TICKS,
+    PROC_NET_TCP,
+    TIMER_KEEPALIVE,
+    TIMER_NONE,
+    TIMER_RETRANSMIT,
+    TcpSocket,
+    server_end,
+)
 
-needs_ss = pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
+SLACK = 0.05 + 1 / CLOCK_TICKS  # s: a jiffy (at most 10 ms) and a tick of /proc's unit
+needs_proc = pytest.mark.skipif(not PROC_NET_TCP.exists(), reason="needs /proc/net/tcp (Linux)")
 
 
-def server_side_timers(port: int) -> list[str]:
-    """ss's timer column of the server's end of each established client connection."""
-    out = subprocess.run(["ss", "-Htno", "state", "established", f"( sport = :{port} )"],
-                         capture_output=True, text=True, check=True, timeout=10).stdout
-    return [m.group(0) if (m := re.search(r"timer:\([^)]*\)", line)) else ""
-            for line in out.splitlines() if line.strip()]
+def quiet_server_end(port: int, client: Conn) -> TcpSocket:
+    """The server's end of `client`'s connection once no sent data waits for its ACK: the
+    kernel then reports the keepalive timer if the socket has one (while a retransmit
+    timer is pending, that one is reported instead)."""
+    return wait_for(lambda: (s := server_end(port, client.sock)).timer != TIMER_RETRANSMIT
+                    and s, timeout=10, what="the server's end of the connection quiet")
 
 
-@needs_ss
+@needs_proc
 def test_tcp_keepalive_probes_clients_after_the_configured_idle_time(make_server) -> None:  # type: ignore[no-untyped-def]
     proc: DisqueProcess = make_server(args=["--tcp-keepalive", "60"])
+    t0 = time.monotonic()  # before the connection exists: its keepalive timer starts later
     with Conn(proc.port) as c:
         assert c.cmd("PING") == "PONG"
-        timers = server_side_timers(proc.port)
-        assert len(timers) == 1 and timers[0].startswith("timer:(keepalive,"), timers
-        # the first probe within 60 s (ss: "keepalive,59sec", or "keepalive,1min" when read
-        # within the first second), not the kernel's 7200 s ("keepalive,119min")
-        m = re.search(r"keepalive,(\d+)(sec|min)", timers[0])
-        assert m, timers[0]
-        secs = int(m.group(1)) * (60 if m.group(2) == "min" else 1)
-        assert secs <= 60, timers[0]
+        end = quiet_server_end(proc.port, c)
+        waited = time.monotonic() - t0
+        # The kernel's keepalive timer on the server's end is armed for the first probe
+        # 60 s after the last traffic (not the kernel's default of 7200 s): what is left
+        # of it is at most 60 s, and at least 60 s minus the time since we connected (less
+        # the kernel's clock granularity: jiffies, reported in CLOCK_TICKS).
+        assert end.timer == TIMER_KEEPALIVE, end
+        assert 60 - waited - SLACK <= end.timer_left <= 60, (end, waited)
 
 
-@needs_ss
+@needs_proc
 def test_tcp_keepalive_0_sends_no_probes(make_server) -> None:  # type: ignore[no-untyped-def]
     proc: DisqueProcess = make_server(args=["--tcp-keepalive", "0"])
     with Conn(proc.port) as c:
         assert c.cmd("PING") == "PONG"
-        assert not any("keepalive" in t for t in server_side_timers(proc.port))
+        end = quiet_server_end(proc.port, c)
+        assert end.timer == TIMER_NONE, end  # no keepalive timer on the socket
 
 
 @pytest.mark.parametrize("level", ["verbose", "debug"])
