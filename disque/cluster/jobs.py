@@ -937,6 +937,15 @@ class ClusterJobs:
                 if job.state == ACKED:
                     self.send(sender, SetAck(self.header(), job.id, len(job.delivered)))
                 continue
+            else:
+                # a copy held here: the sender counted deliveries and NACKs ours never saw
+                if rec.deliveries > job.deliveries:
+                    job.deliveries = rec.deliveries
+                if rec.nacks > job.nacks:
+                    job.nacks = rec.nacks
+                missing = tuple(n for n in rec.delivered if n not in job.delivered)
+                if missing:
+                    job.delivered = job.delivered + missing
             job.state = ACTIVE
             job.qtime = now
             q = self.create_queue(job.queue, now)

@@ -1292,6 +1292,23 @@ def test_yourjobs_of_a_job_held_here_active_queues_our_copy() -> None:
     assert job.state == QUEUED and r.qlen() == 1 and len(r.node.jobs) == 1
 
 
+def test_yourjobs_of_a_job_held_here_keeps_the_senders_delivery_counters() -> None:
+    """A requeue by timer can hand a job straight to a node whose NEEDJOBS its holder
+    remembered; that node already holds a copy that never saw the deliveries counted at the
+    holder. The copy took its own counters, so the next GETJOB there reported
+    additional-deliveries 0 for a job delivered once already (seen in
+    test_worker_cluster). The counters are the larger of the two, and the holder list the
+    union."""
+    r = Rig(peers=(A, B))
+    job = r.replica(delivered=(A, ME))
+    job.nacks = 1  # counted here earlier
+    rec = r.record(job_id=job.id, delivered=(A, ME, B))._replace(nacks=0, deliveries=2)
+    r.node.on_yourjobs(A, YourJobs(hdr(A), [rec]))
+    assert job.state == QUEUED
+    assert (job.nacks, job.deliveries) == (1, 2)
+    assert set(job.delivered) == {A, ME, B}
+
+
 def test_a_new_source_resets_the_broadcast_backoff() -> None:
     r = Rig(peers=(A, B))
     q = r.node.create_queue(b"q")
