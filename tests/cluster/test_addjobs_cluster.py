@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import cmd, frozen, kill_until_failed, ok, parse_fields
+from tests.cluster.conftest import NODE_TIMEOUT, cmd, frozen, kill_until_failed, ok, parse_fields
 from tests.cluster.test_jobs import all_ids, empty_everywhere, registered_jobs, show
 from tests.harness import DisqueProcess, wait_for
 from tests.integration.resp import Conn, Err, Status, encode
@@ -89,7 +89,7 @@ def test_addjobs_maxlen_counts_the_batch_jobs_waiting_for_copies(cluster):
 
 
 def test_addjobs_replicate_beyond_reachable_nodes_is_norepl_per_job(cluster):
-    c = cluster(3)
+    c = cluster(3, node_timeout=NODE_TIMEOUT)
     a = c[0]
     assert addjobs(a, "REPLICATE", 4, "JOBS", *bodies(5)) == [NOREPL_REACH] * 5
     assert empty_everywhere(c)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from disque.client import Client
-from tests.cluster.conftest import cmd, holds_for, kill_until_failed
+from tests.cluster.conftest import NODE_TIMEOUT, cmd, holds_for, kill_until_failed
 from tests.harness import DisqueProcess, wait_for
 from tests.integration.resp import pairs
 from tests.integration.worker_proc import Workers, stop, workers_of
@@ -82,7 +82,7 @@ def test_a_handler_that_fails_three_times_dead_letters_the_job_then_redrive(
 
 
 def test_a_dead_job_outlives_the_node_that_dead_lettered_it(cluster: Any) -> None:
-    c = cluster(3)
+    c = cluster(3, node_timeout=NODE_TIMEOUT)
     nodes = c.nodes
     a = nodes[0]
     client = Client([addr(a)], discover=False)

@@ -2,9 +2,10 @@
 collection, federation, WORKING / NACK / PAUSE bcast / LEAVING and the memory rules, each
 exercised on 3 or 5 real `disque-server` processes formed with CLUSTER MEET.
 
-Node timeouts are short (1000 ms, or 3000 ms where a test must act *before* a killed node is
-flagged) and every wait is a poll with a generous deadline. A test that asserts something
-does *not* happen observes it for a bounded time with `holds_for`.
+Node timeouts: 5 s by default, 1000 ms (NODE_TIMEOUT) where killed holders are to be detected
+down, 3000 ms where a test must act *before* a killed node is flagged. Every wait is a poll
+with a generous deadline. A test that asserts something does *not* happen observes it for a
+bounded time with `holds_for`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,16 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import Cluster, cmd, hello, holds_for, myid, ok, parse_fields
+from tests.cluster.conftest import (
+    NODE_TIMEOUT,
+    Cluster,
+    cmd,
+    hello,
+    holds_for,
+    myid,
+    ok,
+    parse_fields,
+)
 from tests.harness import DisqueProcess, wait_for
 from tests.integration.resp import Conn, Err, Status, pairs
 
@@ -455,7 +465,7 @@ def test_job_is_requeued_on_a_surviving_holder_when_holders_die(cluster, killed)
     """Checklist §13.8/§13.9: kill -9 the queueing node (and one more holder) of a
     REPLICATE 3 RETRY 2 job: a surviving copy is queued after RETRY and delivered with the
     right body."""
-    c = cluster(5)
+    c = cluster(5, node_timeout=NODE_TIMEOUT)
     a = c[0]
     t_add = time.monotonic()
     jid = add(a, "survivor", "REPLICATE", 3, "RETRY", 2)

@@ -1,8 +1,9 @@
 """Cluster bus and membership with real processes (issue 4, checklist §7, §9, §13).
 
 Every cluster here is formed the way a user forms one: CLUSTER MEET to a single node, gossip
-does the rest. Failure detection runs with cluster-node-timeout 1000 ms so that a killed node
-is flagged `fail` within a few seconds; every wait is a poll with a generous deadline.
+does the rest. The failure-detection tests run with cluster-node-timeout 1000 ms
+(NODE_TIMEOUT) so that a killed node is flagged `fail` within a few seconds, the others with
+the calm default (5 s); every wait is a poll with a generous deadline.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import pytest
 
 from disque.cluster.messages import VERSION, Header, Ping
 from tests.cluster.conftest import (
+    NODE_TIMEOUT,
     NodeLine,
     cluster_info,
     cluster_nodes,
@@ -177,7 +179,7 @@ def test_nodes_conf_keeps_every_known_node(cluster):
 
 # ---------------------------------------------------------------------------- failures
 def test_killed_node_is_failed_everywhere_and_rejoins_with_its_id(cluster):
-    c = cluster(3)
+    c = cluster(3, node_timeout=NODE_TIMEOUT)
     victim = c[2]
     vid = myid(victim)
     others = c.nodes[:2]

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import cmd, kill_until_failed
+from tests.cluster.conftest import NODE_TIMEOUT, cmd, kill_until_failed
 from tests.harness import DisqueProcess, wait_for
 from tests.integration.resp import pairs
 from tests.integration.worker_proc import Workers, stop, workers_of
@@ -70,7 +70,7 @@ def test_worker_killed_mid_job_leaves_the_job_to_another_worker_after_retry(
 
 def test_node_killed_mid_job_the_worker_acks_elsewhere_and_goes_on(cluster, workers: Workers
                                                                    ) -> None:
-    nodes = cluster(3)
+    nodes = cluster(3, node_timeout=NODE_TIMEOUT)
     first = cmd(nodes[0], "ADDJOB", "q", "first", "0", "RETRY", "60")
     w = workers.start("slow", ["q"], [nodes[0].port], work=2)
     (started,) = workers.wait_events("start", 1)
