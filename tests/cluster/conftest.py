@@ -10,6 +10,10 @@ failure detection. A test whose subject is failure detection, or whose duration 
 a node being flagged failing quickly (kill_until_failed, waiting for `fail`/`fail?`, a
 killed node leaving the reachable set), passes `node_timeout=NODE_TIMEOUT`.
 
+`shared_cluster(n)` hands out a cluster reused by the calm tests of the test process; such a
+test names its queues with the `q` fixture, so no bus message of an earlier test can land in
+them.
+
 Views are read over a fresh RESP connection each time (`tests.integration.resp.Conn`), so a
 node that was killed and restarted is simply asked again.
 """
@@ -17,6 +21,8 @@ node that was killed and restarted is simply asked again.
 from __future__ import annotations
 
 import contextlib
+import itertools
+import re
 import signal
 import socket
 import threading
@@ -307,6 +313,17 @@ def shared_cluster(_shared_clusters: dict[Any, Cluster],
         return c
 
     return factory
+
+
+_queue_counter = itertools.count()
+
+
+@pytest.fixture
+def q(request: pytest.FixtureRequest) -> str:
+    """A queue name no other test uses (of the test process): the test's name and a counter.
+    Names derived from it (f"{q}-dead") are the test's own too."""
+    base = re.sub(r"[^A-Za-z0-9_]", "_", request.node.name)[:60]
+    return f"{base}-{next(_queue_counter)}"
 
 
 # ---------------------------------------------------------------------------- NAT stand-in
