@@ -384,11 +384,11 @@ def test_qscan_importrate_lists_the_queues_just_imported(shared_cluster, q):
     # (the queues of this test only: a late YOURJOBS of an earlier test on the shared
     # cluster may still import a job into a queue of its own)
     reply = cmd(b, "QSCAN", "BUSYLOOP", "IMPORTRATE", 1)
-    assert sorted(n.decode() for n in reply[1] if n.decode().startswith(q)) == names, (
+    assert sorted(n.decode() for n in reply[1] if n.decode().startswith(f"{q}-")) == names, (
         reply, [pairs(cmd(b, "QSTAT", n))["import-rate"] for n in names])
     assert pairs(cmd(b, "QSTAT", names[0]))["import-rate"] > 0
     assert [n for n in cmd(a, "QSCAN", "BUSYLOOP", "IMPORTRATE", 1)[1]
-            if n.decode().startswith(q)] == []
+            if n.decode().startswith(f"{q}-")] == []
 
 
 def test_a_queue_paused_for_output_is_never_a_source(shared_cluster, q):
