@@ -22,7 +22,7 @@ import time
 import pytest
 
 from tests.chaos.history import QUEUE, Workers
-from tests.cluster.conftest import cmd, parse_fields, reachable
+from tests.cluster.conftest import NODE_TIMEOUT, cmd, parse_fields, reachable
 from tests.harness import DisqueProcess, wait_for
 
 JOBS = int(os.environ.get("DISQUE_CHAOS_JOBS", "20000"))
@@ -54,7 +54,8 @@ def leftovers(nodes: list[DisqueProcess], limit: int = 5) -> str:
 
 
 def run_history(cluster, kill: bool) -> None:
-    c = cluster(3)
+    # the kill waits for the others to see the node unreachable: a short node timeout
+    c = cluster(3, node_timeout=NODE_TIMEOUT) if kill else cluster(3)
     nodes = c.nodes
     workers = Workers([p.port for p in nodes], JOBS)
     h = workers.history

@@ -4,6 +4,16 @@ node only and waits until gossip has made the mesh full, i.e. every node's CLUST
 `cluster_reachable_nodes:<n-1>`. Every process is killed at teardown, even when the test or
 the mesh formation failed.
 
+Node timeouts: CALM_NODE_TIMEOUT (5 s) unless a test asks otherwise, so that a node starved
+of CPU for a second on a loaded machine is not flagged failing in a test that does not check
+failure detection. A test whose subject is failure detection, or whose duration depends on
+a node being flagged failing quickly (kill_until_failed, waiting for `fail`/`fail?`, a
+killed node leaving the reachable set), passes `node_timeout=NODE_TIMEOUT`.
+
+`shared_cluster(n)` hands out a cluster reused by the calm tests of the test process; such a
+test names its queues with the `q` fixture, so no bus message of an earlier test can land in
+them.
+
 Views are read over a fresh RESP connection each time (`tests.integration.resp.Conn`), so a
 node that was killed and restarted is simply asked again.
 """
@@ -11,6 +21,8 @@ node that was killed and restarted is simply asked again.
 from __future__ import annotations
 
 import contextlib
+import itertools
+import re
 import signal
 import socket
 import threading
@@ -24,9 +36,11 @@ import pytest
 from tests.harness import DisqueProcess, wait_for
 from tests.integration.resp import Conn, Err
 
-NODE_TIMEOUT = 1000  # ms: short, so that failure detection fits in a test
-# ms: for clusters whose test does not check failure detection, long enough that a node
-# starved of CPU for a second or two on a loaded 2-core machine is not flagged failing
+# ms: short, so that failure detection fits in a test; only for the tests that need it
+NODE_TIMEOUT = 1000
+# ms: the default, for clusters whose test does not check failure detection: long enough
+# that a node starved of CPU for a second or two on a loaded 2-core machine is not flagged
+# failing
 CALM_NODE_TIMEOUT = 5000
 MESH_DEADLINE = 30.0  # s: generous; a mesh of five local nodes forms in well under a second
 
@@ -196,12 +210,14 @@ class Cluster:
 def cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
     """Factory: cluster(n, node_timeout=..., args=[...], meet="first"|"chain"|None).
 
-    With `meet` set (the default "first"), the factory returns only once every node sees the
-    other n-1 as reachable. All started processes are killed at teardown."""
+    The node timeout is CALM_NODE_TIMEOUT unless given (NODE_TIMEOUT for the tests of
+    failure detection). With `meet` set (the default "first"), the factory returns only once
+    every node sees the other n-1 as reachable. All started processes are killed at
+    teardown."""
     started: list[DisqueProcess] = []
     clusters: list[Cluster] = []  # a test may put a restarted process into c.nodes
 
-    def factory(n: int, node_timeout: int = NODE_TIMEOUT, args: list[str] | None = None,
+    def factory(n: int, node_timeout: int = CALM_NODE_TIMEOUT, args: list[str] | None = None,
                 meet: str | None = "first", name: str = "node") -> Cluster:
         base = len(started)
         procs = [DisqueProcess(tmp_path / f"{name}{base + i}",
@@ -297,6 +313,17 @@ def shared_cluster(_shared_clusters: dict[Any, Cluster],
         return c
 
     return factory
+
+
+_queue_counter = itertools.count()
+
+
+@pytest.fixture
+def q(request: pytest.FixtureRequest) -> str:
+    """A queue name no other test uses (of the test process): the test's name and a counter.
+    Names derived from it (f"{q}-dead") are the test's own too."""
+    base = re.sub(r"[^A-Za-z0-9_]", "_", request.node.name)[:60]
+    return f"{base}-{next(_queue_counter)}"
 
 
 # ---------------------------------------------------------------------------- NAT stand-in

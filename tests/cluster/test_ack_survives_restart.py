@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import shutil
 
-from tests.cluster.conftest import cmd, holds_for, kill_until_failed
+from tests.cluster.conftest import NODE_TIMEOUT, cmd, holds_for, kill_until_failed
 from tests.harness import DisqueProcess, wait_for
 from tests.integration.resp import Status
 
@@ -46,7 +46,7 @@ def never_queued(c, job_id: str, seconds: float) -> None:
 
 
 def test_an_ack_survives_the_restart_of_the_nodes_that_saw_it(cluster) -> None:
-    c = cluster(3, args=AOF)
+    c = cluster(3, node_timeout=NODE_TIMEOUT, args=AOF)
     a, b, x = c.nodes
     job_id = add_r3(a)
     assert cmd(a, "GETJOB", "NOHANG", "FROM", Q)[0][1].decode() == job_id

@@ -6,7 +6,9 @@ once the cluster settles. Pipelined ADDJOBs behind a blocked one start replicati
 and are answered together, in order, with the replies one-by-one execution would give.
 
 Replicas are frozen with SIGSTOP (node timeout 5 s, so they stay "reachable" and answer
-late) or killed with SIGKILL; every wait is a poll with a deadline.
+late) or killed with SIGKILL; every wait is a poll with a deadline. The tests that neither
+freeze, kill nor reconfigure a node share one cluster (`shared_cluster`) and use queue names of
+their own (`q`).
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import cmd, frozen, kill_until_failed, ok, parse_fields
-from tests.cluster.test_jobs import all_ids, empty_everywhere, registered_jobs, show
+from tests.cluster.conftest import NODE_TIMEOUT, cmd, frozen, kill_until_failed, ok, parse_fields
+from tests.cluster.test_jobs import all_ids, empty_everywhere, jobs_of, registered_jobs, show
 from tests.harness import DisqueProcess, wait_for
 from tests.integration.resp import Conn, Err, Status, encode
 
@@ -28,9 +30,9 @@ NOREPL_REMOVED = ("NOREPL job removed (expired?) before the requested replicatio
 SLOW_LINK = 5000  # ms node timeout: a frozen node is not flagged failing during a test
 
 
-def addjobs(proc: DisqueProcess, *args: Any, timeout: int = 5000) -> list[Any]:
-    """ADDJOBS Q timeout *args on a fresh connection: the array reply."""
-    reply = cmd(proc, "ADDJOBS", Q, timeout, *args, timeout=timeout / 1000 + 20)
+def addjobs(proc: DisqueProcess, *args: Any, timeout: int = 5000, queue: str = Q) -> list[Any]:
+    """ADDJOBS queue timeout *args on a fresh connection: the array reply."""
+    reply = cmd(proc, "ADDJOBS", queue, timeout, *args, timeout=timeout / 1000 + 20)
     assert isinstance(reply, list), reply
     return reply
 
@@ -39,9 +41,9 @@ def bodies(n: int, prefix: str = "b") -> list[bytes]:
     return [f"{prefix}{i}".encode() for i in range(n)]
 
 
-def queued_bodies(proc: DisqueProcess, n: int) -> list[tuple[str, bytes]]:
-    """(ID, body) of up to n jobs GETJOB NOHANG takes from Q on proc, in queue order."""
-    jobs = cmd(proc, "GETJOB", "NOHANG", "COUNT", n, "FROM", Q)
+def queued_bodies(proc: DisqueProcess, n: int, queue: str = Q) -> list[tuple[str, bytes]]:
+    """(ID, body) of up to n jobs GETJOB NOHANG takes from `queue` on proc, in queue order."""
+    jobs = cmd(proc, "GETJOB", "NOHANG", "COUNT", n, "FROM", queue)
     return [] if jobs is None else [(j[1].decode(), j[2]) for j in jobs]
 
 
@@ -50,46 +52,46 @@ def copies(nodes: Any, job_id: str) -> int:
 
 
 def assert_on_every_node(nodes: Any, ids: list[str], body_of: dict[str, bytes],
-                         holders: int = 3) -> None:
-    """Every node of `nodes` knows every job of `ids`, with its body, delivered to `holders`
-    nodes."""
+                         holders: int = 3, queue: str = Q) -> None:
+    """Every node of `nodes` knows every job of `ids`, with its body and queue, delivered to
+    `holders` nodes."""
     for p in nodes:
         for job_id in ids:
             job = show(p, job_id)
             assert job is not None, f"{job_id} missing on :{p.port}"
-            assert job["body"] == body_of[job_id] and job["queue"] == Q.encode()
+            assert job["body"] == body_of[job_id] and job["queue"] == queue.encode()
             assert len(job["nodes-delivered"]) == holders
 
 
-def add_pipelined(n: int, *opts: Any, prefix: str = "body_") -> bytes:
-    return b"".join(encode("ADDJOB", Q, f"{prefix}{i}", *opts) for i in range(n))
+def add_pipelined(n: int, *opts: Any, prefix: str = "body_", queue: str = Q) -> bytes:
+    return b"".join(encode("ADDJOB", queue, f"{prefix}{i}", *opts) for i in range(n))
 
 
 # ---------------------------------------------------------------------------- ADDJOBS
-def test_addjobs_replicate_3_answers_ids_of_jobs_held_by_three_nodes(cluster):
-    c = cluster(3)
+def test_addjobs_replicate_3_answers_ids_of_jobs_held_by_three_nodes(shared_cluster, q):
+    c = shared_cluster(3)
     a = c[0]
     batch = bodies(30)
-    ids = addjobs(a, "REPLICATE", 3, "JOBS", *batch)
+    ids = addjobs(a, "REPLICATE", 3, "JOBS", *batch, queue=q)
     assert all(isinstance(i, Status) for i in ids), ids
     assert len(set(ids)) == 30
-    assert_on_every_node(c, ids, dict(zip(ids, batch, strict=True)))
+    assert_on_every_node(c, ids, dict(zip(ids, batch, strict=True)), queue=q)
     assert all(show(a, i)["state"] == b"queued" for i in ids)  # type: ignore[index]
-    assert queued_bodies(a, 100) == list(zip(ids, batch, strict=True))
+    assert queued_bodies(a, 100, queue=q) == list(zip(ids, batch, strict=True))
 
 
-def test_addjobs_maxlen_counts_the_batch_jobs_waiting_for_copies(cluster):
-    c = cluster(3)
+def test_addjobs_maxlen_counts_the_batch_jobs_waiting_for_copies(shared_cluster, q):
+    c = shared_cluster(3)
     a = c[0]
-    reply = addjobs(a, "REPLICATE", 3, "MAXLEN", 3, "JOBS", *bodies(5))
+    reply = addjobs(a, "REPLICATE", 3, "MAXLEN", 3, "JOBS", *bodies(5), queue=q)
     assert [type(r) for r in reply] == [Status, Status, Status, Err, Err], reply
     assert reply[3].startswith("MAXLEN ")
-    assert cmd(a, "QLEN", Q) == 3
-    assert all(registered_jobs(p) == 3 for p in c)
+    assert cmd(a, "QLEN", q) == 3
+    assert all(len(jobs_of(p, q)) == 3 for p in c)
 
 
 def test_addjobs_replicate_beyond_reachable_nodes_is_norepl_per_job(cluster):
-    c = cluster(3)
+    c = cluster(3, node_timeout=NODE_TIMEOUT)
     a = c[0]
     assert addjobs(a, "REPLICATE", 4, "JOBS", *bodies(5)) == [NOREPL_REACH] * 5
     assert empty_everywhere(c)
@@ -101,16 +103,16 @@ def test_addjobs_replicate_beyond_reachable_nodes_is_norepl_per_job(cluster):
     assert all(isinstance(i, Status) and copies(live, i) == 2 for i in ids), ids
 
 
-def test_addjobs_async_replies_at_once_and_the_copies_follow(cluster):
-    c = cluster(3)
+def test_addjobs_async_replies_at_once_and_the_copies_follow(shared_cluster, q):
+    c = shared_cluster(3)
     a = c[0]
     batch = bodies(20)
-    ids = addjobs(a, "REPLICATE", 3, "ASYNC", "JOBS", *batch, timeout=0)
+    ids = addjobs(a, "REPLICATE", 3, "ASYNC", "JOBS", *batch, timeout=0, queue=q)
     assert all(isinstance(i, Status) for i in ids), ids
-    assert cmd(a, "QLEN", Q) == 20
+    assert cmd(a, "QLEN", q) == 20
     wait_for(lambda: all(copies(c, i) == 3 for i in ids), timeout=15,
              what="every ASYNC job copied to 3 nodes")
-    assert_on_every_node(c, ids, dict(zip(ids, batch, strict=True)))
+    assert_on_every_node(c, ids, dict(zip(ids, batch, strict=True)), queue=q)
 
 
 def test_addjobs_with_a_frozen_replica_times_out_per_job_and_leaves_no_copy(cluster):
@@ -221,27 +223,28 @@ def test_a_client_blocked_on_a_batch_counts_as_one_blocked_client(cluster):
 
 
 # ---------------------------------------------------------------------------- pipelining
-def test_fifty_pipelined_sync_addjobs_get_their_ids_in_order(cluster):
-    c = cluster(3)
+def test_fifty_pipelined_sync_addjobs_get_their_ids_in_order(shared_cluster, q):
+    c = shared_cluster(3)
     a = c[0]
     with Conn(a.port) as conn:
-        conn.send(add_pipelined(50, 5000, "REPLICATE", 3))
+        conn.send(add_pipelined(50, 5000, "REPLICATE", 3, queue=q))
         ids = [conn.read() for _ in range(50)]
     assert all(isinstance(i, Status) for i in ids), ids
     batch = bodies(50, "body_")
-    assert_on_every_node(c, ids, dict(zip(ids, batch, strict=True)))
-    assert queued_bodies(a, 100) == list(zip(ids, batch, strict=True))
+    assert_on_every_node(c, ids, dict(zip(ids, batch, strict=True)), queue=q)
+    assert queued_bodies(a, 100, queue=q) == list(zip(ids, batch, strict=True))
     # the same through redis-py's non-transactional pipeline (one write, RESP3)
     r = a.client()
     try:
         pipe = r.pipeline(transaction=False)
         for i in range(50):
-            pipe.execute_command("ADDJOB", Q, f"rp_{i}", 5000, "REPLICATE", 3)
+            pipe.execute_command("ADDJOB", q, f"rp_{i}", 5000, "REPLICATE", 3)
         rp_ids = [i.decode() for i in pipe.execute()]
     finally:
         r.close()
-    assert_on_every_node(c, rp_ids, dict(zip(rp_ids, bodies(50, "rp_"), strict=True)))
-    assert [b for _, b in queued_bodies(a, 100)] == bodies(50, "rp_")
+    assert_on_every_node(c, rp_ids, dict(zip(rp_ids, bodies(50, "rp_"), strict=True)),
+                         queue=q)
+    assert [b for _, b in queued_bodies(a, 100, queue=q)] == bodies(50, "rp_")
 
 
 def test_pipelined_addjobs_replicate_together_and_answer_together(cluster):
@@ -295,18 +298,18 @@ def _shape(replies: list[Any]) -> list[Any]:
     return out
 
 
-def test_a_mixed_pipeline_answers_as_one_by_one_execution(cluster):
-    c = cluster(3)
+def test_a_mixed_pipeline_answers_as_one_by_one_execution(shared_cluster, q):
+    c = shared_cluster(3)
     a = c[0]
     with Conn(a.port) as conn:
-        one_by_one = [conn.cmd(*argv) for argv in _mixed_script("seq")]
-        piped = conn.pipeline(_mixed_script(Q))
+        one_by_one = [conn.cmd(*argv) for argv in _mixed_script(f"{q}-seq")]
+        piped = conn.pipeline(_mixed_script(q))
     assert _shape(piped) == _shape(one_by_one)
     assert piped[5] == piped[6]  # the DEDUP repeat answers the first's ID
     assert piped[7] == 4  # QLEN after the group counts a, b, d, f
     assert isinstance(piped[8], Status) and str(piped[9]).startswith("MAXLEN ")
     assert piped[11] == 6
-    assert piped[12] == [[Q.encode(), i.encode(), b] for i, b in
+    assert piped[12] == [[q.encode(), i.encode(), b] for i, b in
                          zip([piped[k] for k in (0, 1, 3, 5, 8, 10)],
                              [b"a", b"b", b"d", b"f", b"g", b"i"], strict=True)]
 
@@ -333,21 +336,21 @@ def test_client_leaving_while_its_jobs_wait_for_copies_leaves_no_job(cluster, re
     assert all(p.alive() for p in c)
 
 
-def test_client_reply_off_or_skip_pipelined_addjobs_are_still_added(cluster):
-    c = cluster(3)
+def test_client_reply_off_or_skip_pipelined_addjobs_are_still_added(shared_cluster, q):
+    c = shared_cluster(3)
     a = c[0]
     with Conn(a.port) as conn:
         conn.send(encode("CLIENT", "REPLY", "OFF")
-                  + add_pipelined(10, 5000, "REPLICATE", 3, prefix="off_")
-                  + encode("CLIENT", "REPLY", "ON") + encode("QLEN", Q))
+                  + add_pipelined(10, 5000, "REPLICATE", 3, prefix="off_", queue=q)
+                  + encode("CLIENT", "REPLY", "ON") + encode("QLEN", q))
         assert conn.read() == "OK"
         assert conn.read() == 10
         conn.send(encode("CLIENT", "REPLY", "SKIP")
-                  + add_pipelined(3, 5000, "REPLICATE", 3, prefix="skip_"))
+                  + add_pipelined(3, 5000, "REPLICATE", 3, prefix="skip_", queue=q))
         skip_ids = [conn.read(), conn.read()]  # the first ADDJOB's reply is skipped
         assert all(isinstance(i, Status) for i in skip_ids), skip_ids
-        assert conn.cmd("QLEN", Q) == 13
-    jobs = queued_bodies(a, 100)
+        assert conn.cmd("QLEN", q) == 13
+    jobs = queued_bodies(a, 100, queue=q)
     assert [b for _, b in jobs] == [*bodies(10, "off_"), *bodies(3, "skip_")]
     assert [i for i, _ in jobs[-2:]] == skip_ids
     assert all(copies(c, i) == 3 for i, _ in jobs)

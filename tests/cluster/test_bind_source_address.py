@@ -12,7 +12,7 @@ from pathlib import Path
 
 import redis
 
-from tests.cluster.conftest import cluster_info, cluster_nodes, kill_until_failed
+from tests.cluster.conftest import NODE_TIMEOUT, cluster_info, cluster_nodes, kill_until_failed
 from tests.harness import DisqueProcess, wait_for
 
 ALT_IP = "127.0.0.2"
@@ -71,7 +71,7 @@ def test_restart_on_another_address_with_the_same_nodes_conf(cluster, tmp_path: 
     """Same ID (nodes.conf kept), restarted bound to 127.0.0.2 only: the others must follow
     the new address, and the node must not keep announcing the stale address of its
     nodes.conf `myself` line in HELLO (clients connect to what HELLO lists)."""
-    c = cluster(3)
+    c = cluster(3, node_timeout=NODE_TIMEOUT)
     x = c[2]
     xid = kill_until_failed(c, 2)
     moved = BoundProcess(x.workdir, port=x.port, args=["--bind", ALT_IP,

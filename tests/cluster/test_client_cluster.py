@@ -1,6 +1,9 @@
 """disque.client against real 3-node clusters: the node list comes from HELLO, -LEAVING and
 a killed node move the client to another node, commands are resent only where that is safe,
-and the consumer moves next to the producers (the spec's "Client libraries" protocol)."""
+and the consumer moves next to the producers (the spec's "Client libraries" protocol).
+
+The tests that leave the cluster as they found it share one (`shared_cluster`) and use queue
+names of their own (`q`); the others (a node leaving, killed or stalled) start their own."""
 
 from __future__ import annotations
 
@@ -27,8 +30,8 @@ def client_on(c: Client, target: DisqueProcess) -> Client:
     return c
 
 
-def test_one_seed_is_enough_the_rest_comes_from_hello(cluster):
-    nodes = cluster(3)
+def test_one_seed_is_enough_the_rest_comes_from_hello(shared_cluster):
+    nodes = shared_cluster(3)
     with Client([addr(nodes[0])]) as c:
         assert c.connect().port == nodes[0].port
         known = {n.port: n for n in c.nodes}
@@ -140,17 +143,17 @@ def test_addjob_whose_reply_is_lost_is_resent_only_when_allowed(cluster, allow_r
         sleeper.result(timeout=30)
 
 
-def test_consumer_moves_to_the_node_producing_its_jobs(cluster):
-    nodes = cluster(3)
+def test_consumer_moves_to_the_node_producing_its_jobs(shared_cluster, q):
+    nodes = shared_cluster(3)
     a, b = nodes[0], nodes[1]
     b_prefix = myid(b)[:8]
     with Client([addr(p) for p in nodes]) as producer, Client([addr(a)]) as consumer:
         client_on(producer, b)
         client_on(consumer, a)
         for i in range(60):
-            producer.add_job("fq", f"j{i}", replicate=1)
+            producer.add_job(q, f"j{i}", replicate=1)
         seen: list[str] = []
-        stats = consumer.consume("fq", lambda job: seen.append(job.node_prefix), max_jobs=60,
+        stats = consumer.consume(q, lambda job: seen.append(job.node_prefix), max_jobs=60,
                                  follow_every=10, poll_ms=200)
         assert stats.acked == 60 and set(seen) == {b_prefix}
         assert stats.switches >= 1

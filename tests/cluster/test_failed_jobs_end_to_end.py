@@ -1,7 +1,9 @@
 """Failed jobs end to end on a real 3-node cluster, through the Python client and
 `disque-worker` (issue 15): the README's worked example (a handler that fails three times,
 the job in the dead-letter queue, SHOW, redrive), and a dead job that outlives the node that
-dead-lettered it (another holder queues it in the dead-letter queue, never in its source)."""
+dead-lettered it (another holder queues it in the dead-letter queue, never in its source).
+The first runs on a cluster shared with other calm tests (`shared_cluster`), in queues of its
+own (`q`); the second kills a node, on a cluster of its own."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from typing import Any
 import pytest
 
 from disque.client import Client
-from tests.cluster.conftest import cmd, holds_for, kill_until_failed
+from tests.cluster.conftest import NODE_TIMEOUT, cmd, holds_for, kill_until_failed
 from tests.harness import DisqueProcess, wait_for
 from tests.integration.resp import pairs
 from tests.integration.worker_proc import Workers, stop, workers_of
@@ -40,16 +42,17 @@ def addr(p: DisqueProcess) -> str:
 
 
 def test_a_handler_that_fails_three_times_dead_letters_the_job_then_redrive(
-        cluster: Any, workers: Workers) -> None:
-    c = cluster(3)
+        shared_cluster: Any, q: str, workers: Workers) -> None:
+    c = shared_cluster(3)
     nodes = c.nodes
     client = Client([addr(p) for p in nodes])
     try:
-        job_id = client.add_job("emails", b"to:bob", 5000, replicate=3, retry=30,
-                                max_nacks=3, deadletter="emails-dead")
+        dead = f"{q}-dead"
+        job_id = client.add_job(q, b"to:bob", 5000, replicate=3, retry=30,
+                                max_nacks=3, deadletter=dead)
         # plain NACKs (--backoff 0): three failures in a row, then the node moves the job
-        w = workers.start("fail", ["emails"], [nodes[0].port], "--backoff", "0")
-        wait_for(lambda: [q for _, q in where_queued(nodes, job_id)] == ["emails-dead"],
+        w = workers.start("fail", [q], [nodes[0].port], "--backoff", "0")
+        wait_for(lambda: [q for _, q in where_queued(nodes, job_id)] == [dead],
                  timeout=30, what="the job dead-lettered")
         assert stop(w) == 0
         assert len(workers.events("fail")) == 3
@@ -59,18 +62,18 @@ def test_a_handler_that_fails_three_times_dead_letters_the_job_then_redrive(
         dead_node = next(p for p in nodes if p.port == port)
         shown = client.show(job_id, node=addr(dead_node))
         assert shown["deadletter-reason"] == "max-nacks"
-        assert shown["source-queue"] == "emails" and shown["nacks"] == 3
+        assert shown["source-queue"] == q and shown["nacks"] == 3
         # every holder agrees on where the job is, and it stays queued once
-        wait_for(lambda: all(pairs(cmd(p, "SHOW", job_id))["queue"] == b"emails-dead"
+        wait_for(lambda: all(pairs(cmd(p, "SHOW", job_id))["queue"] == dead.encode()
                              for p in nodes), what="every copy renamed")
         holds_for(lambda: len(where_queued(nodes, job_id)) == 1, 3, "queued once")
-        # redrive on the node holding it: back in emails with its counters reset, and a
-        # working handler then acknowledges it
-        assert client.redrive("emails-dead", reset=True, ids=[job_id],
+        # redrive on the node holding it: back in its source queue with its counters reset,
+        # and a working handler then acknowledges it
+        assert client.redrive(dead, reset=True, ids=[job_id],
                               node=addr(dead_node)) == 1
-        assert where_queued(nodes, job_id) == [(port, "emails")]
+        assert where_queued(nodes, job_id) == [(port, q)]
         assert client.show(job_id, node=addr(dead_node))["nacks"] == 0
-        ok = workers.start("ok", ["emails"], [port])
+        ok = workers.start("ok", [q], [port])
         wait_for(lambda: [e.job for e in workers.events("done")] == [job_id],
                  what="the redriven job done")
         assert stop(ok) == 0
@@ -82,7 +85,7 @@ def test_a_handler_that_fails_three_times_dead_letters_the_job_then_redrive(
 
 
 def test_a_dead_job_outlives_the_node_that_dead_lettered_it(cluster: Any) -> None:
-    c = cluster(3)
+    c = cluster(3, node_timeout=NODE_TIMEOUT)
     nodes = c.nodes
     a = nodes[0]
     client = Client([addr(a)], discover=False)

@@ -2,9 +2,14 @@
 collection, federation, WORKING / NACK / PAUSE bcast / LEAVING and the memory rules, each
 exercised on 3 or 5 real `disque-server` processes formed with CLUSTER MEET.
 
-Node timeouts are short (1000 ms, or 3000 ms where a test must act *before* a killed node is
-flagged) and every wait is a poll with a generous deadline. A test that asserts something
-does *not* happen observes it for a bounded time with `holds_for`.
+A test that leaves the cluster as it found it (no node killed, frozen, leaving or
+reconfigured) runs on a cluster shared with the other such tests (`shared_cluster`, node
+timeout 5 s) and names its queues with `q`; what it counts is its own queue and jobs, which a
+late bus message of an earlier test cannot change. The others start their own cluster: node
+timeout 5 s, 1000 ms (NODE_TIMEOUT) where killed holders are to be detected down, 3000 ms
+where a test must act *before* a killed node is flagged. Every wait is a poll with a generous
+deadline. A test that asserts something does *not* happen observes it for a bounded time with
+`holds_for`.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import pytest
 
 from disque.cluster.jobs import NOREPL_REMOVED, NOREPL_TIMEOUT
 from tests.cluster.conftest import (
+    NODE_TIMEOUT,
     Cluster,
     cluster_nodes,
     cmd,
@@ -79,6 +85,22 @@ def empty_everywhere(nodes: Any) -> bool:
     return all(registered_jobs(p) == 0 for p in nodes)
 
 
+def jobs_of(proc: DisqueProcess, queue: str) -> list[str]:
+    """IDs of the node's jobs of `queue`, in any state (JSCAN BUSYLOOP QUEUE; a dummy ACK has
+    no queue and is not listed)."""
+    reply = cmd(proc, "JSCAN", "BUSYLOOP", "QUEUE", queue)
+    assert isinstance(reply, list), reply
+    return [i.decode() if isinstance(i, bytes) else str(i) for i in reply[1]]
+
+
+def none_left(nodes: Any, queue: str, ids: Any = ()) -> bool:
+    """empty_everywhere for the jobs of one test on a shared cluster: no job of `queue` on any
+    node, and no trace (a copy or a dummy ACK) of the jobs `ids`. A late bus message of an
+    earlier test may still create a job of its own queue; it cannot change this."""
+    return (all(not jobs_of(p, queue) for p in nodes)
+            and all(gone_everywhere(nodes, j) for j in ids))
+
+
 def getjob(proc: DisqueProcess, *opts: Any, queue: str = Q, timeout_ms: int = 10000) -> Any:
     """GETJOB TIMEOUT t [opts] FROM queue on a fresh connection; None on timeout."""
     return cmd(proc, "GETJOB", "TIMEOUT", timeout_ms, *opts, "FROM", queue,
@@ -96,10 +118,10 @@ def by_id(c: Cluster) -> dict[str, DisqueProcess]:
 
 
 # ---------------------------------------------------------------------------- replication
-def test_addjob_replicate_3_is_held_by_exactly_three_nodes(cluster):
-    c = cluster(5)
+def test_addjob_replicate_3_is_held_by_exactly_three_nodes(shared_cluster, q):
+    c = shared_cluster(5)
     a = c[0]
-    jid = add(a, "hello", "REPLICATE", 3)
+    jid = add(a, "hello", "REPLICATE", 3, queue=q)
     # Sync replication: by the time the client has the ID, the copies exist.
     assert state_of(a, jid) == "queued"
     others = [p for p in c.nodes[1:] if show(p, jid) is not None]
@@ -111,53 +133,53 @@ def test_addjob_replicate_3_is_held_by_exactly_three_nodes(cluster):
     assert {ids[n].port for n in delivered} == {a.port} | {p.port for p in others}
     for p in others:
         s = show(p, jid)
-        assert s["body"] == b"hello" and s["repl"] == 3 and s["queue"] == b"q"
+        assert s["body"] == b"hello" and s["repl"] == 3 and s["queue"] == q.encode()
         assert {n.decode() for n in s["nodes-delivered"]} == delivered
         assert s["nodes-confirmed"] == []
 
 
-def test_replicate_1_keeps_a_single_queued_copy(cluster):
-    c = cluster(3)
-    jid = add(c[0], "one", "REPLICATE", 1)
+def test_replicate_1_keeps_a_single_queued_copy(shared_cluster, q):
+    c = shared_cluster(3)
+    jid = add(c[0], "one", "REPLICATE", 1, queue=q)
     s = show(c[0], jid)
     assert s["state"] == b"queued" and len(s["nodes-delivered"]) == 1
     assert show(c[1], jid) is None and show(c[2], jid) is None
 
 
-def test_huge_ttl_or_retry_is_refused_and_replication_keeps_working(cluster):
+def test_huge_ttl_or_retry_is_refused_and_replication_keeps_working(shared_cluster, q):
     """Regression: `ADDJOB q b 0 TTL 9223372036854775807` in a cluster never returned (the
     bus could not encode the job's expiry and dropped the whole batch of messages with it).
     Now ADDJOB refuses TTL/RETRY beyond 10 years and the cluster keeps replicating."""
-    c = cluster(3)
+    c = shared_cluster(3)
     for opt in ("TTL", "RETRY"):
-        reply = cmd(c[0], "ADDJOB", Q, "huge", 0, opt, "9223372036854775807", timeout=10)
+        reply = cmd(c[0], "ADDJOB", q, "huge", 0, opt, "9223372036854775807", timeout=10)
         assert isinstance(reply, Err) and "at most 315360000 seconds" in reply, reply
-    jid = add(c[0], "fine", "TTL", 315360000, "REPLICATE", 3)
+    jid = add(c[0], "fine", "TTL", 315360000, "REPLICATE", 3, queue=q)
     assert len(holders(c, jid)) == 3
 
 
-def test_default_replication_is_three_copies(cluster):
-    c = cluster(5)
-    jid = add(c[2], "default")
+def test_default_replication_is_three_copies(shared_cluster, q):
+    c = shared_cluster(5)
+    jid = add(c[2], "default", queue=q)
     assert show(c[2], jid)["repl"] == 3
     assert len(holders(c, jid)) == 3
 
 
-def test_async_addjob_replies_at_once_and_replicates_in_background(cluster):
-    c = cluster(5)
+def test_async_addjob_replies_at_once_and_replicates_in_background(shared_cluster, q):
+    c = shared_cluster(5)
     a = c[0]
-    jid = add(a, "async", "REPLICATE", 3, "ASYNC")
+    jid = add(a, "async", "REPLICATE", 3, "ASYNC", queue=q)
     assert state_of(a, jid) == "queued"  # queued locally right away
     wait_for(lambda: len(holders(c, jid)) == 3, timeout=15, what="three async copies")
     assert [p.port for p in holders(c, jid, ("queued",))] == [a.port]
     assert len(delivered_of(a, jid)) == 3
 
 
-def test_a_replicated_job_is_queued_on_exactly_one_node(cluster):
+def test_a_replicated_job_is_queued_on_exactly_one_node(shared_cluster, q):
     """Checklist §13.7: RETRY 1, no consumer: for 3 s one copy is queued, the others stay
     active (the queueing node answers WILLQUEUE with QUEUED, which postpones them)."""
-    c = cluster(3)
-    jid = add(c[0], "once", "REPLICATE", 3, "RETRY", 1)
+    c = shared_cluster(3)
+    jid = add(c[0], "once", "REPLICATE", 3, "RETRY", 1, queue=q)
 
     def one_queued() -> bool:
         st = states(c, jid)
@@ -166,11 +188,11 @@ def test_a_replicated_job_is_queued_on_exactly_one_node(cluster):
     holds_for(one_queued, 3.0, "exactly one queued copy and two active ones")
 
 
-def test_noreplicate_more_than_reachable_nodes(cluster):
-    c = cluster(3)
-    reply = cmd(c[0], "ADDJOB", Q, "x", 1000, "REPLICATE", 4)
+def test_noreplicate_more_than_reachable_nodes(shared_cluster, q):
+    c = shared_cluster(3)
+    reply = cmd(c[0], "ADDJOB", q, "x", 1000, "REPLICATE", 4)
     assert isinstance(reply, Err) and reply.startswith("NOREPL"), reply
-    assert registered_jobs(c[0]) == 0
+    assert jobs_of(c[0], q) == []
 
 
 def test_noreplicate_right_after_killing_nodes_and_extra_nodes_are_tried(cluster):
@@ -277,48 +299,48 @@ def test_external_replication_when_out_of_memory(cluster):
 
 
 # ---------------------------------------------------------------------------- federation
-def test_getjob_on_b_promptly_serves_a_job_produced_on_a(cluster):
+def test_getjob_on_b_promptly_serves_a_job_produced_on_a(shared_cluster, q):
     """The GETJOB on b, blocked up to 60 s, returns because the job came from a (its reply
     holds the job), not because its timeout expired. That the GETJOB asks at once (its
     NEEDJOBS broadcast) is pinned by the sans-I/O test_a_blocking_getjob_broadcasts_
     needjobs_for_one_job; how fast jobs move between nodes is for `make bench`."""
-    c = cluster(3)
+    c = shared_cluster(3)
     a, b = c[0], c[1]
-    jid = add(a, "far away", "REPLICATE", 1)
-    got = getjob(b, timeout_ms=60000)
-    assert got == [[b"q", jid.encode(), b"far away"]], got
+    jid = add(a, "far away", "REPLICATE", 1, queue=q)
+    got = getjob(b, queue=q, timeout_ms=60000)
+    assert got == [[q.encode(), jid.encode(), b"far away"]], got
     assert show(a, jid) is not None  # a retry > 0 job moved: the source keeps a copy
-    imported = pairs(cmd(b, "QSTAT", Q))["import-from"]
+    imported = pairs(cmd(b, "QSTAT", q))["import-from"]
     assert myid(a).encode() in imported, "QSTAT import-from names the source"
 
 
-def test_waiting_consumer_gets_a_job_produced_later_on_another_node(cluster):
-    c = cluster(3)
+def test_waiting_consumer_gets_a_job_produced_later_on_another_node(shared_cluster, q):
+    c = shared_cluster(3)
     a, b = c[0], c[1]
     conn = Conn(b.port, timeout=30)
     try:
-        conn.send_cmd("GETJOB", "TIMEOUT", 20000, "FROM", Q)
-        wait_for(lambda: pairs(cmd(b, "QSTAT", Q))["blocked"] == 1, what="consumer blocked")
-        jid = add(a, "later", "REPLICATE", 1)
+        conn.send_cmd("GETJOB", "TIMEOUT", 20000, "FROM", q)
+        wait_for(lambda: pairs(cmd(b, "QSTAT", q))["blocked"] == 1, what="consumer blocked")
+        jid = add(a, "later", "REPLICATE", 1, queue=q)
         got = conn.read(timeout=25)
     finally:
         conn.close()
-    assert got == [[b"q", jid.encode(), b"later"]], got
+    assert got == [[q.encode(), jid.encode(), b"later"]], got
 
 
-def test_jobs_added_on_random_nodes_are_all_obtainable_on_one_node(cluster):
+def test_jobs_added_on_random_nodes_are_all_obtainable_on_one_node(shared_cluster, q):
     """Checklist §13.14: 60 REPLICATE 3 jobs added round-robin on 5 nodes are all served
     by GETJOB on node 0; once acked, none is left anywhere."""
-    c = cluster(5)
+    c = shared_cluster(5)
     added = {}
     for i in range(60):
         body = f"job-{i}"
-        added[add(c[i % 5], body, "REPLICATE", 3)] = body
+        added[add(c[i % 5], body, "REPLICATE", 3, queue=q)] = body
     got = {}
     conn = Conn(c[0].port, timeout=30)
     try:
         while len(got) < len(added):
-            reply = conn.cmd("GETJOB", "TIMEOUT", 10000, "FROM", Q)
+            reply = conn.cmd("GETJOB", "TIMEOUT", 10000, "FROM", q)
             assert reply is not None, f"only {len(got)} of {len(added)} jobs served"
             for _, jid, body in reply:
                 got[jid.decode()] = body.decode()
@@ -326,40 +348,41 @@ def test_jobs_added_on_random_nodes_are_all_obtainable_on_one_node(cluster):
     finally:
         conn.close()
     assert got == added
-    wait_for(lambda: empty_everywhere(c), timeout=30, what="no job left on any node")
+    wait_for(lambda: none_left(c, q, added), timeout=30, what="no job left on any node")
 
 
-def test_at_most_once_jobs_move_between_nodes_and_are_not_lost(cluster):
+def test_at_most_once_jobs_move_between_nodes_and_are_not_lost(shared_cluster, q):
     """The seed bug: RETRY 0 jobs (REPLICATE 1) produced on one node are all obtainable via
     GETJOB on another; a job moved by YOURJOBS must be queued on the receiver."""
-    c = cluster(3)
+    c = shared_cluster(3)
     a, b = c[0], c[1]
-    added = {add(b, f"amo-{i}", "REPLICATE", 1, "RETRY", 0): f"amo-{i}" for i in range(100)}
+    added = {add(b, f"amo-{i}", "REPLICATE", 1, "RETRY", 0, queue=q): f"amo-{i}"
+             for i in range(100)}
     got: dict[str, str] = {}
     conn = Conn(a.port, timeout=30)
     try:
         while len(got) < len(added):
-            reply = conn.cmd("GETJOB", "TIMEOUT", 5000, "COUNT", 10, "FROM", Q)
+            reply = conn.cmd("GETJOB", "TIMEOUT", 5000, "COUNT", 10, "FROM", q)
             assert reply is not None, (f"only {len(got)} of {len(added)} at-most-once jobs "
-                                       f"served; left on the producer: {registered_jobs(b)}")
+                                       f"served; left on the producer: {len(jobs_of(b, q))}")
             for _, jid, body in reply:
                 assert jid.decode() not in got, "an at-most-once job delivered twice"
                 got[jid.decode()] = body.decode()
     finally:
         conn.close()
     assert got == added
-    assert registered_jobs(b) == 0, "moved at-most-once jobs are deleted on the source"
+    assert jobs_of(b, q) == [], "moved at-most-once jobs are deleted on the source"
     ok_count = cmd(a, "ACKJOB", *added)
     assert ok_count == len(added)
-    wait_for(lambda: empty_everywhere(c), timeout=30, what="acked jobs collected")
+    wait_for(lambda: none_left(c, q, added), timeout=30, what="acked jobs collected")
 
 
-def test_qscan_importrate_lists_the_queues_just_imported(cluster):
+def test_qscan_importrate_lists_the_queues_just_imported(shared_cluster, q):
     """Checklist §13.16 (the original's test): 4 jobs in each of 4 queues on A, fetched by
     4 GETJOBs per queue on B -> QSCAN IMPORTRATE 1 on B lists exactly those 4 queues."""
-    c = cluster(3)
+    c = shared_cluster(3)
     a, b = c[0], c[1]
-    names = [f"imp{i}" for i in range(4)]
+    names = [f"{q}-imp{i}" for i in range(4)]
     for _ in range(4):
         for name in names:
             add(a, "myjob", "REPLICATE", 1, queue=name)
@@ -367,38 +390,42 @@ def test_qscan_importrate_lists_the_queues_just_imported(cluster):
         for name in names:
             got = getjob(b, queue=name, timeout_ms=10000)
             assert got is not None and got[0][0] == name.encode(), got
+    # (the queues of this test only: a late YOURJOBS of an earlier test on the shared
+    # cluster may still import a job into a queue of its own)
     reply = cmd(b, "QSCAN", "BUSYLOOP", "IMPORTRATE", 1)
-    assert sorted(n.decode() for n in reply[1]) == names, (
+    assert sorted(n.decode() for n in reply[1] if n.decode().startswith(f"{q}-")) == names, (
         reply, [pairs(cmd(b, "QSTAT", n))["import-rate"] for n in names])
     assert pairs(cmd(b, "QSTAT", names[0]))["import-rate"] > 0
-    assert cmd(a, "QSCAN", "BUSYLOOP", "IMPORTRATE", 1)[1] == []
+    assert [n for n in cmd(a, "QSCAN", "BUSYLOOP", "IMPORTRATE", 1)[1]
+            if n.decode().startswith(f"{q}-")] == []
 
 
-def test_a_queue_paused_for_output_is_never_a_source(cluster):
-    c = cluster(3)
+def test_a_queue_paused_for_output_is_never_a_source(shared_cluster, q):
+    c = shared_cluster(3)
     a, b = c[0], c[1]
-    assert cmd(a, "PAUSE", Q, "out") == "out"
-    jid = add(a, "held", "REPLICATE", 1)
-    assert getjob(b, timeout_ms=2500) is None
+    assert cmd(a, "PAUSE", q, "out") == "out"
+    jid = add(a, "held", "REPLICATE", 1, queue=q)
+    assert getjob(b, queue=q, timeout_ms=2500) is None
     assert state_of(a, jid) == "queued"
-    assert cmd(a, "PAUSE", Q, "none") == "none"
-    got = getjob(b, timeout_ms=15000)
-    assert got == [[b"q", jid.encode(), b"held"]], got
+    assert cmd(a, "PAUSE", q, "none") == "none"
+    got = getjob(b, queue=q, timeout_ms=15000)
+    assert got == [[q.encode(), jid.encode(), b"held"]], got
 
 
 # ---------------------------------------------------------------------------- acks
 @pytest.mark.parametrize("acker", ["holder", "non-holder"])
-def test_ackjob_on_another_node_removes_the_job_everywhere(cluster, acker):
+def test_ackjob_on_another_node_removes_the_job_everywhere(shared_cluster, q, acker):
     """Checklist §13.13: ACK on a node holding a copy (SETACK/GOTACK/DELJOB) or on a node
     without one (a dummy ACK) -> every copy goes, and so does the dummy."""
-    c = cluster(5)
+    c = shared_cluster(5)
     a = c[0]
-    jid = add(a, "ack me", "REPLICATE", 3)
+    jid = add(a, "ack me", "REPLICATE", 3, queue=q)
     held = {p.port for p in holders(c, jid)}
     pick = [p for p in c.nodes[1:] if (p.port in held) == (acker == "holder")][0]
     assert cmd(pick, "ACKJOB", jid) == (1 if acker == "holder" else 0)
     wait_for(lambda: gone_everywhere(c, jid), timeout=20, what="the job gone from every node")
-    wait_for(lambda: empty_everywhere(c), timeout=20, what="registered_jobs 0 everywhere")
+    wait_for(lambda: none_left(c, q, [jid]), timeout=20,
+             what="no job of the test left on any node")
 
 
 def test_acked_copy_is_collected_even_if_the_node_running_the_gc_dies(cluster):
@@ -428,33 +455,33 @@ def test_acked_copy_is_collected_even_if_the_node_running_the_gc_dies(cluster):
         raise AssertionError(f"B's acked copy is still there: {show(b, jid)}") from None
 
 
-def test_ack_on_the_producer_of_a_single_copy_job(cluster):
-    c = cluster(3)
-    jid = add(c[0], "single", "REPLICATE", 1)
+def test_ack_on_the_producer_of_a_single_copy_job(shared_cluster, q):
+    c = shared_cluster(3)
+    jid = add(c[0], "single", "REPLICATE", 1, queue=q)
     assert cmd(c[0], "ACKJOB", jid) == 1
     wait_for(lambda: show(c[0], jid) is None, what="the acked single copy collected")
 
 
 @pytest.mark.parametrize("acker", ["holder", "non-holder"])
-def test_fastack_removes_the_job_everywhere(cluster, acker):
-    c = cluster(5)
-    jid = add(c[0], "fast", "REPLICATE", 3)
+def test_fastack_removes_the_job_everywhere(shared_cluster, q, acker):
+    c = shared_cluster(5)
+    jid = add(c[0], "fast", "REPLICATE", 3, queue=q)
     held = {p.port for p in holders(c, jid)}
     pick = [p for p in c.nodes[1:] if (p.port in held) == (acker == "holder")][0]
     assert cmd(pick, "FASTACK", jid) == (1 if acker == "holder" else 0)
     wait_for(lambda: gone_everywhere(c, jid), timeout=20, what="the job gone from every node")
-    assert empty_everywhere(c)
+    assert none_left(c, q, [jid])
 
 
-def test_ttl_expired_jobs_disappear_from_every_node(cluster):
-    """Checklist §13.12: a TTL 5 job is gone everywhere after >= 4 s; a batch of TTL 5 jobs
-    brings registered_jobs back to 0 on every node."""
-    c = cluster(3)
+def test_ttl_expired_jobs_disappear_from_every_node(shared_cluster, q):
+    """Checklist §13.12: a TTL 5 job is gone everywhere after >= 4 s; once a batch of TTL 5
+    jobs expires, no job of their queue is left on any node."""
+    c = shared_cluster(3)
     t0 = time.monotonic()
-    jid = add(c[0], "short lived", "REPLICATE", 3, "TTL", 5)
+    jid = add(c[0], "short lived", "REPLICATE", 3, "TTL", 5, queue=q)
     conn = Conn(c[1].port)
     try:
-        replies = conn.pipeline([("ADDJOB", Q, f"b{i}", 0, "REPLICATE", 2, "TTL", 5, "ASYNC")
+        replies = conn.pipeline([("ADDJOB", q, f"b{i}", 0, "REPLICATE", 2, "TTL", 5, "ASYNC")
                                  for i in range(300)])
     finally:
         conn.close()
@@ -463,7 +490,8 @@ def test_ttl_expired_jobs_disappear_from_every_node(cluster):
     wait_for(lambda: gone_everywhere(c, jid), timeout=20, interval=0.1,
              what="the TTL 5 job gone everywhere")
     assert time.monotonic() - t0 >= 4.0, "expired too early"
-    wait_for(lambda: empty_everywhere(c), timeout=20, what="registered_jobs 0 everywhere")
+    wait_for(lambda: none_left(c, q, [jid]), timeout=20,
+             what="no job of the test left on any node")
 
 
 # ---------------------------------------------------------------------------- re-queue
@@ -472,7 +500,7 @@ def test_job_is_requeued_on_a_surviving_holder_when_holders_die(cluster, killed)
     """Checklist §13.8/§13.9: kill -9 the queueing node (and one more holder) of a
     REPLICATE 3 RETRY 2 job: a surviving copy is queued after RETRY and delivered with the
     right body."""
-    c = cluster(5)
+    c = cluster(5, node_timeout=NODE_TIMEOUT)
     a = c[0]
     t_add = time.monotonic()
     jid = add(a, "survivor", "REPLICATE", 3, "RETRY", 2)
@@ -493,34 +521,34 @@ def test_job_is_requeued_on_a_surviving_holder_when_holders_die(cluster, killed)
     assert got[0][6] >= 1, "additional-deliveries counts the re-queue"
 
 
-def test_unacked_job_is_requeued_and_counted(cluster):
+def test_unacked_job_is_requeued_and_counted(shared_cluster, q):
     """Checklist §13.20: additional-deliveries > 0 after a timer re-queue."""
-    c = cluster(3)
+    c = shared_cluster(3)
     t_add = time.monotonic()
-    jid = add(c[0], "again", "REPLICATE", 3, "RETRY", 1)
-    first = getjob(c[0], timeout_ms=1000)
+    jid = add(c[0], "again", "REPLICATE", 3, "RETRY", 1, queue=q)
+    first = getjob(c[0], queue=q, timeout_ms=1000)
     assert first[0][1] == jid.encode()
     wait_for(lambda: holders(c, jid, ("queued",)), timeout=15, what="re-queued somewhere")
     assert time.monotonic() - t_add > 0.5, "re-queued before RETRY elapsed"
-    got = getjob(c[0], "WITHCOUNTERS", timeout_ms=10000)  # wherever it is queued now
+    got = getjob(c[0], "WITHCOUNTERS", queue=q, timeout_ms=10000)  # wherever it is queued now
     assert got is not None and got[0][1] == jid.encode(), (got, states(c, jid))
     assert got[0][5] == b"additional-deliveries" and got[0][6] >= 1, got
 
 
-def test_at_most_once_job_is_never_requeued(cluster):
-    c = cluster(3)
-    jid = add(c[0], "once", "REPLICATE", 1, "RETRY", 0)
-    assert getjob(c[0], timeout_ms=1000)[0][1] == jid.encode()
+def test_at_most_once_job_is_never_requeued(shared_cluster, q):
+    c = shared_cluster(3)
+    jid = add(c[0], "once", "REPLICATE", 1, "RETRY", 0, queue=q)
+    assert getjob(c[0], queue=q, timeout_ms=1000)[0][1] == jid.encode()
     holds_for(lambda: not holders(c, jid, ("queued",)), 2.0, "never queued again")
 
 
-def test_working_on_one_node_postpones_delivery_everywhere(cluster):
+def test_working_on_one_node_postpones_delivery_everywhere(shared_cluster, q):
     """Checklist §13.19: WORKING every second for ~6 s with RETRY 2, sent to a node other
     than the one that delivered it, keeps the job from being queued anywhere."""
-    c = cluster(3)
+    c = shared_cluster(3)
     a, b = c[0], c[1]
-    jid = add(a, "busy", "REPLICATE", 3, "RETRY", 2)
-    assert getjob(a, timeout_ms=1000)[0][1] == jid.encode()
+    jid = add(a, "busy", "REPLICATE", 3, "RETRY", 2, queue=q)
+    assert getjob(a, queue=q, timeout_ms=1000)[0][1] == jid.encode()
     deadline = time.monotonic() + 6.0
     last = 0.0
     while time.monotonic() < deadline:
@@ -533,42 +561,42 @@ def test_working_on_one_node_postpones_delivery_everywhere(cluster):
     wait_for(lambda: holders(c, jid, ("queued",)), timeout=15, what="re-queued after WORKING")
 
 
-def test_working_on_an_unknown_job_is_nojob(cluster):
-    c = cluster(3)
-    jid = add(c[0], "w", "REPLICATE", 1)
+def test_working_on_an_unknown_job_is_nojob(shared_cluster, q):
+    c = shared_cluster(3)
+    jid = add(c[0], "w", "REPLICATE", 1, queue=q)
     reply = cmd(c[1], "WORKING", jid)
     assert isinstance(reply, Err) and reply.startswith("NOJOB"), reply
 
 
-def test_nack_counters_travel_with_queued(cluster):
+def test_nack_counters_travel_with_queued(shared_cluster, q):
     """Checklist §13.20: NACK re-queues; GETJOB WITHCOUNTERS element 4 counts the nacks on
     the node that queued it, including NACKs given on another holder."""
-    c = cluster(3)
+    c = shared_cluster(3)
     a, b = c[0], c[1]
-    jid = add(a, "nacked", "REPLICATE", 3, "RETRY", 60)
-    assert getjob(a, timeout_ms=1000)[0][1] == jid.encode()
+    jid = add(a, "nacked", "REPLICATE", 3, "RETRY", 60, queue=q)
+    assert getjob(a, queue=q, timeout_ms=1000)[0][1] == jid.encode()
     assert cmd(a, "NACK", jid) == 1
-    got = getjob(a, "WITHCOUNTERS", timeout_ms=1000)
+    got = getjob(a, "WITHCOUNTERS", queue=q, timeout_ms=1000)
     assert got[0][1] == jid.encode() and got[0][3] == b"nacks" and got[0][4] == 1, got
     wait_for(lambda: show(b, jid)["nacks"] == 1, what="QUEUED(nacks) counted on another holder")
     assert cmd(b, "NACK", jid) == 1  # b's copy is active: queued there now
-    got = getjob(b, "WITHCOUNTERS", timeout_ms=1000)
+    got = getjob(b, "WITHCOUNTERS", queue=q, timeout_ms=1000)
     assert got[0][1] == jid.encode() and got[0][4] == 2, got
     wait_for(lambda: show(a, jid)["nacks"] == 2, what="b's NACK counted on a")
 
 
 # ---------------------------------------------------------------------------- PAUSE bcast
-def test_pause_bcast_pauses_the_queue_on_every_node(cluster):
-    c = cluster(3)
-    assert cmd(c[0], "PAUSE", Q, "out", "bcast") == "out"
-    wait_for(lambda: all(cmd(p, "PAUSE", Q, "state") == "out" for p in c), timeout=10,
+def test_pause_bcast_pauses_the_queue_on_every_node(shared_cluster, q):
+    c = shared_cluster(3)
+    assert cmd(c[0], "PAUSE", q, "out", "bcast") == "out"
+    wait_for(lambda: all(cmd(p, "PAUSE", q, "state") == "out" for p in c), timeout=10,
              what="queue paused for output on every node")
-    jid = add(c[1], "paused", "REPLICATE", 1)
-    assert cmd(c[1], "GETJOB", "NOHANG", "FROM", Q) is None
-    assert cmd(c[2], "PAUSE", Q, "none", "bcast") == "none"
-    wait_for(lambda: all(cmd(p, "PAUSE", Q, "state") == "none" for p in c), timeout=10,
+    jid = add(c[1], "paused", "REPLICATE", 1, queue=q)
+    assert cmd(c[1], "GETJOB", "NOHANG", "FROM", q) is None
+    assert cmd(c[2], "PAUSE", q, "none", "bcast") == "none"
+    wait_for(lambda: all(cmd(p, "PAUSE", q, "state") == "none" for p in c), timeout=10,
              what="queue unpaused on every node")
-    assert getjob(c[1], timeout_ms=1000)[0][1] == jid.encode()
+    assert getjob(c[1], queue=q, timeout_ms=1000)[0][1] == jid.encode()
 
 
 # ---------------------------------------------------------------------------- LEAVING
@@ -745,15 +773,15 @@ def test_dummy_ack_with_all_owners_down_leaves_nothing_once_they_return(cluster)
              what="no copy and no dummy left")
 
 
-def test_maxlen_checks_only_the_local_queue(cluster):
+def test_maxlen_checks_only_the_local_queue(shared_cluster, q):
     """Original report #26 (docs/original-bugs.md): MAXLEN is a check of the queue of the
     node receiving the ADDJOB; the replicas holding copies do not apply it."""
-    c = cluster(2)
+    c = shared_cluster(2)
     a, b = c[0], c[1]
-    add(a, "first", "REPLICATE", 2)  # queued on a, an active copy on b
-    assert cmd(a, "QLEN", "q") == 1 and cmd(b, "QLEN", "q") == 0
-    refused = cmd(a, "ADDJOB", "q", "second", 0, "REPLICATE", 2, "MAXLEN", 1)
+    add(a, "first", "REPLICATE", 2, queue=q)  # queued on a, an active copy on b
+    assert cmd(a, "QLEN", q) == 1 and cmd(b, "QLEN", q) == 0
+    refused = cmd(a, "ADDJOB", q, "second", 0, "REPLICATE", 2, "MAXLEN", 1)
     assert isinstance(refused, Err) and refused.startswith("MAXLEN")
-    jid = cmd(b, "ADDJOB", "q", "second", 0, "REPLICATE", 2, "MAXLEN", 1)
+    jid = cmd(b, "ADDJOB", q, "second", 0, "REPLICATE", 2, "MAXLEN", 1)
     assert isinstance(jid, Status)  # b's own queue is empty
-    assert cmd(b, "QLEN", "q") == 1 and cmd(a, "QLEN", "q") == 1
+    assert cmd(b, "QLEN", q) == 1 and cmd(a, "QLEN", q) == 1

@@ -1,8 +1,11 @@
 """Cluster bus and membership with real processes (issue 4, checklist §7, §9, §13).
 
 Every cluster here is formed the way a user forms one: CLUSTER MEET to a single node, gossip
-does the rest. Failure detection runs with cluster-node-timeout 1000 ms so that a killed node
-is flagged `fail` within a few seconds; every wait is a poll with a generous deadline.
+does the rest. The failure-detection tests run with cluster-node-timeout 1000 ms
+(NODE_TIMEOUT) so that a killed node is flagged `fail` within a few seconds, the others with
+the calm default (5 s); every wait is a poll with a generous deadline. The tests that only read
+a formed cluster or send it frames it must refuse share one with other calm tests
+(`shared_cluster`); those that form, reset, forget, kill or reconfigure nodes start their own.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import pytest
 
 from disque.cluster.messages import VERSION, Header, Ping
 from tests.cluster.conftest import (
+    NODE_TIMEOUT,
     NodeLine,
     cluster_info,
     cluster_nodes,
@@ -87,8 +91,8 @@ def test_meet_accepts_a_host_name(cluster):
 
 
 # ---------------------------------------------------------------------------- reply shapes
-def test_hello_lists_every_node_with_bulk_port_and_priority(cluster):
-    c = cluster(3)
+def test_hello_lists_every_node_with_bulk_port_and_priority(shared_cluster):
+    c = shared_cluster(3)
     ids = c.ids()
     port_of = {i: p.port for i, p in zip(ids, c, strict=True)}
     for p, me in zip(c, ids, strict=True):
@@ -109,8 +113,8 @@ def test_hello_lists_every_node_with_bulk_port_and_priority(cluster):
         assert seen == set(ids)
 
 
-def test_cluster_nodes_lines_have_six_fields_and_one_myself(cluster):
-    c = cluster(3)
+def test_cluster_nodes_lines_have_six_fields_and_one_myself(shared_cluster):
+    c = shared_cluster(3)
     ids = c.ids()
     port_of = {i: p.port for i, p in zip(ids, c, strict=True)}
     now_ms = time.time() * 1000
@@ -133,8 +137,8 @@ def test_cluster_nodes_lines_have_six_fields_and_one_myself(cluster):
                 assert n.ping_sent == 0 or abs(n.ping_sent - now_ms) < 60_000
 
 
-def test_cluster_info_fields_in_order(cluster):
-    c = cluster(3)
+def test_cluster_info_fields_in_order(shared_cluster):
+    c = shared_cluster(3)
     raw = cmd(c[0], "CLUSTER", "INFO").decode()
     assert raw.endswith("\r\n")
     keys = [line.split(":")[0] for line in raw.split("\r\n") if line]
@@ -149,8 +153,8 @@ def test_cluster_info_fields_in_order(cluster):
     assert int(info["cluster_stats_messages_received"]) > 0
 
 
-def test_info_cluster_section_counts_nodes_and_bus_messages(cluster):
-    c = cluster(3)
+def test_info_cluster_section_counts_nodes_and_bus_messages(shared_cluster):
+    c = shared_cluster(3)
     info = parse_fields(cmd(c[0], "INFO", "cluster"))
     assert info["cluster_nodes"] == "3"
     assert info["cluster_reachable_nodes"] == "2"
@@ -165,8 +169,8 @@ def test_info_cluster_section_counts_nodes_and_bus_messages(cluster):
                             info[name]), info[name]
 
 
-def test_nodes_conf_keeps_every_known_node(cluster):
-    c = cluster(3)
+def test_nodes_conf_keeps_every_known_node(shared_cluster):
+    c = shared_cluster(3)
     ids = c.ids()
     for p, me in zip(c, ids, strict=True):
         ok(p, "CLUSTER", "SAVECONFIG")
@@ -177,7 +181,7 @@ def test_nodes_conf_keeps_every_known_node(cluster):
 
 # ---------------------------------------------------------------------------- failures
 def test_killed_node_is_failed_everywhere_and_rejoins_with_its_id(cluster):
-    c = cluster(3)
+    c = cluster(3, node_timeout=NODE_TIMEOUT)
     victim = c[2]
     vid = myid(victim)
     others = c.nodes[:2]
@@ -417,8 +421,8 @@ def _bus_link_closed(port: int, payload: bytes, timeout: float = 10.0) -> bytes:
     raise AssertionError(f"bus link still open after {payload[:16]!r}...")
 
 
-def test_bad_frames_on_the_bus_close_the_link_and_leave_the_node_healthy(cluster):
-    c = cluster(3)
+def test_bad_frames_on_the_bus_close_the_link_and_leave_the_node_healthy(shared_cluster):
+    c = shared_cluster(3)
     ids_before = [set(cluster_nodes(p)) for p in c]
     # One kind of bad frame per node: the node logs each kind of link error at most once
     # every 10 s.
@@ -435,8 +439,8 @@ def test_bad_frames_on_the_bus_close_the_link_and_leave_the_node_healthy(cluster
     assert c.meshed()
 
 
-def test_half_a_frame_then_hang_up_is_harmless(cluster):
-    c = cluster(2)
+def test_half_a_frame_then_hang_up_is_harmless(shared_cluster):
+    c = shared_cluster(2)
     frame = Ping(Header(b"b" * 40, b"", 1, 10001, 0), []).encode()
     with socket.create_connection(("127.0.0.1", c[0].port + 10000), timeout=5) as s:
         s.sendall(frame[: len(frame) // 2])

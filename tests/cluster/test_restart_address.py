@@ -3,14 +3,20 @@ address (checklist §7 nodes.conf reload, §9 address updates, §13.2)."""
 
 from __future__ import annotations
 
-from tests.cluster.conftest import cluster_info, cluster_nodes, kill_until_failed, myid
+from tests.cluster.conftest import (
+    NODE_TIMEOUT,
+    cluster_info,
+    cluster_nodes,
+    kill_until_failed,
+    myid,
+)
 from tests.harness import DisqueProcess, wait_for
 
 
 def test_restart_at_another_port_with_the_same_nodes_conf_is_followed_by_the_others(cluster):
     """The restarted node keeps its ID (nodes.conf); its PINGs carry the new port, so the
     others update the address, reconnect and clear fail?/fail."""
-    c = cluster(3)
+    c = cluster(3, node_timeout=NODE_TIMEOUT)
     x = c[2]
     xid = kill_until_failed(c, 2)
     moved = DisqueProcess(x.workdir, args=x.args)  # same dir, same nodes.conf, new port

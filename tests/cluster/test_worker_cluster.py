@@ -1,7 +1,10 @@
 """`disque-worker` against real 3-node clusters: jobs from every node, a worker killed -9
 mid-job (its job goes to another worker after RETRY), a node killed -9 mid-job (the worker
 acknowledges through another node and goes on), WORKING and NACK DELAY holding on every
-copy of a job. Issue 15."""
+copy of a job. Issue 15.
+
+The tests that kill no node run on a cluster shared with other calm tests (`shared_cluster`),
+in queues of their own (`q`): a worker killed -9 leaves the cluster as it found it."""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from typing import Any
 import pytest
 
 from disque.node import REQUEUE_JITTER
-from tests.cluster.conftest import cmd, kill_until_failed, parse_fields
+from tests.cluster.conftest import NODE_TIMEOUT, cmd, kill_until_failed, parse_fields
 from tests.harness import DisqueProcess, wait_for
 from tests.integration.resp import pairs
 from tests.integration.worker_proc import Workers, stop, workers_of
@@ -42,11 +45,11 @@ def done_with(nodes: list[DisqueProcess], job_id: str) -> bool:
     return all(state(p, job_id) in (None, b"acked") for p in nodes)
 
 
-def test_worker_on_one_node_processes_jobs_added_on_every_node(cluster, workers: Workers
-                                                               ) -> None:
-    nodes = cluster(3)
-    ids = [cmd(p, "ADDJOB", "q", f"from{p.port}-{i}", "0") for p in nodes for i in range(2)]
-    w = workers.start("ok", ["q"], [nodes[0].port], "-c", "2")
+def test_worker_on_one_node_processes_jobs_added_on_every_node(
+        shared_cluster, q, workers: Workers) -> None:
+    nodes = shared_cluster(3)
+    ids = [cmd(p, "ADDJOB", q, f"from{p.port}-{i}", "0") for p in nodes for i in range(2)]
+    w = workers.start("ok", [q], [nodes[0].port], "-c", "2")
     done = workers.wait_events("done", 6)
     assert sorted(e.job for e in done) == sorted(ids)
     for job_id in ids:
@@ -90,7 +93,7 @@ def test_worker_killed_mid_job_leaves_the_job_to_another_worker_after_retry(
 
 def test_node_killed_mid_job_the_worker_acks_elsewhere_and_goes_on(cluster, workers: Workers
                                                                    ) -> None:
-    nodes = cluster(3)
+    nodes = cluster(3, node_timeout=NODE_TIMEOUT)
     first = cmd(nodes[0], "ADDJOB", "q", "first", "0", "RETRY", "60")
     w = workers.start("slow", ["q"], [nodes[0].port], work=2)
     (started,) = workers.wait_events("start", 1)
@@ -113,14 +116,14 @@ def test_node_killed_mid_job_the_worker_acks_elsewhere_and_goes_on(cluster, work
 
 
 def test_working_reaches_every_copy_so_no_other_node_redelivers_a_long_job(
-        cluster, workers: Workers) -> None:
+        shared_cluster, q, workers: Workers) -> None:
     # RETRY 2 with three copies: each holder would requeue the job after 2 s, and the
     # worker on the other node would run it, unless WORKING reaches all of them
-    nodes = cluster(3)
-    job_id = cmd(nodes[0], "ADDJOB", "q", "long", "0", "RETRY", "2")
-    a = workers.start("slow", ["q"], [nodes[0].port], work=3.5)
+    nodes = shared_cluster(3)
+    job_id = cmd(nodes[0], "ADDJOB", q, "long", "0", "RETRY", "2")
+    a = workers.start("slow", [q], [nodes[0].port], work=3.5)
     workers.wait_events("start", 1)
-    b = workers.start("slow", ["q"], [nodes[1].port], work=0)
+    b = workers.start("slow", [q], [nodes[1].port], work=0)
     (done,) = workers.wait_events("done", 1, timeout=30)
     assert done.pid == a.pid
     wait_for(lambda: done_with(nodes.nodes, job_id), what="the job acked everywhere")
@@ -129,12 +132,12 @@ def test_working_reaches_every_copy_so_no_other_node_redelivers_a_long_job(
     assert a.summary()["working"] >= 2 and b.summary()["processed"] == 0
 
 
-def test_nack_delay_holds_on_every_copy(cluster, workers: Workers) -> None:
+def test_nack_delay_holds_on_every_copy(shared_cluster, q, workers: Workers) -> None:
     # a NACK DELAY on the delivering node: the other holders must not requeue the job before
     # the delay is over either (its RETRY, 2 s, is shorter than the delay, 3 s at least)
-    nodes = cluster(3)
-    job_id = cmd(nodes[0], "ADDJOB", "q", "payload", "0", "RETRY", "2")
-    w = workers.start("fail", ["q"], [nodes[0].port, nodes[1].port, nodes[2].port],
+    nodes = shared_cluster(3)
+    job_id = cmd(nodes[0], "ADDJOB", q, "payload", "0", "RETRY", "2")
+    w = workers.start("fail", [q], [nodes[0].port, nodes[1].port, nodes[2].port],
                       "--backoff", "6", "--max-backoff", "6")
     (first,) = workers.wait_events("fail", 1)
     fails = workers.wait_events("fail", 2, timeout=30)
