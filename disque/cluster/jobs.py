@@ -292,14 +292,15 @@ class ClusterJobs:
         `wait_replication` parks its client; async: it is already queued here (unless
         external) and the copies are best effort.
 
-        The REPLJOBs of consecutive new jobs to every reachable node (`targets` is then
-        the membership's tuple of them: the same object from job to job) become one
+        The REPLJOBs of consecutive new jobs to every linked node (`targets` is then
+        the membership's `linked()` tuple: the same object from job to job) become one
         message in the outbox (a pipelined group, an ADDJOBS, the ADDJOBs of several
         clients in one loop iteration): no message object, no outbox entry and no
         encoding step per job and per node, and one frame per node as before. Not for
         targets drawn at random (REPLICATE 2 of 3 nodes): the encoder already packs each
         node's REPLJOBs into one frame, and batches of alternating targets would split
-        those frames."""
+        those frames. No targets (no linked node now): nothing is sent, a sync job waits
+        for a link (`link_changed`) or a retry tick."""
         rec = job_record(job, now)
         if not async_:
             job.state = WAIT_REPL
