@@ -1,7 +1,8 @@
 """In-process cost of the replicated write path per job (issue 12).
 
-No sockets: three `Node`s, each with a `Membership` that knows the other two (reachable),
-share one fake clock. ADDJOBs go into the origin the way the command layer calls it
+No sockets: three `Node`s, each with a `Membership` that knows the other two (reachable,
+outbound bus links up, as Membership's Connect effects answered by the I/O layer), share one
+fake clock. ADDJOBs go into the origin the way the command layer calls it
 (`add_job`, then `wait_replication` for a synchronous one); the bus is the real codec: each
 node's outbox is split per destination, encoded with `encode_many` (frames shared between
 links, as `Bus.flush` does) and fed to the receiver's `FrameDecoder`, whose messages go to
@@ -34,7 +35,7 @@ import time
 from typing import Any
 
 from disque.cluster.jobs import ReplWaiter
-from disque.cluster.membership import Membership
+from disque.cluster.membership import Connect, Membership
 from disque.cluster.messages import BusStats, FrameDecoder, encode_many
 from disque.cluster.nodes import ClusterNode
 from disque.jobs.job import WAIT_REPL
@@ -77,6 +78,11 @@ class Cluster:
             m = Membership(me, 7711 + i, clock=self.clock, rng=random.Random(seed + 10 + i))
             m.load([ClusterNode(p, b"127.0.0.1", 7711 + k)
                     for k, p in enumerate(NODE_IDS) if p != me])
+            m.tick()  # copies go only over a link: connect to both peers
+            for e in m.drain():
+                if type(e) is Connect:
+                    m.link_connected(object(), e.token)
+            m.drain()
             node.membership = m
             self.nodes[me] = node
             self.stats[me] = BusStats()

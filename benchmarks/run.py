@@ -17,6 +17,9 @@ Scenarios (pick with `--only`):
   each node's RSS growth per acked job in its note: a cost or a memory that grows with the
   jobs a node has seen, not with those it holds, shows here and in no short row.
 - restart: a node of 3 killed and restarted, ms until both peers see it again (benchmarks/restart.py).
+- downnode: ADDJOB REPLICATE 2 (3 nodes) and REPLICATE 3 (5 nodes) against node 0 while the
+  last node is killed -9 and restarted: rate and p99 before, during, after
+  (benchmarks/downnode.py).
 - memory: a fresh node gets `--jobs-for-memory` jobs with 16-byte bodies; the growth of INFO
   `used_memory` and `used_memory_rss` over the empty node, per job (and the same for a fresh
   redis-server list, for scale).
@@ -61,7 +64,8 @@ from benchmarks.loadgen import Client, E2EConfig, E2EResult, run_e2e
 from disque.tools.ports import free_port  # noqa: F401 - also used by benchmarks.aof
 
 REPO = Path(__file__).resolve().parent.parent
-SCENARIOS = ("ping", "addjob", "getjob", "e2e", "cluster", "restart", "memory", "spark", "aof")
+SCENARIOS = ("ping", "addjob", "getjob", "e2e", "cluster", "restart", "downnode", "memory",
+             "spark", "aof")
 BODY16 = "0123456789abcdef"
 
 
@@ -933,6 +937,7 @@ def main(argv: list[str] | None = None) -> int:
     spark: dict[str, Any] = {}
     aof: dict[str, Any] = {}
     restart: dict[str, Any] = {}
+    downnode: dict[str, Any] = {}
     harness_error: str | None = None
     disque_error: str | None = None
     original_error: str | None = None
@@ -941,7 +946,8 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         try:
             load_scenarios = [s for s in a.only
-                              if s not in ("memory", "cluster", "restart", "spark", "aof")]
+                              if s not in ("memory", "cluster", "restart", "downnode",
+                                           "spark", "aof")]
             if load_scenarios:
                 r = redis_server(work, server_cpus)
                 lineup: Lineup = [("disque", disque_server(work, server_cpus)), ("redis", r)]
@@ -1001,6 +1007,9 @@ def main(argv: list[str] | None = None) -> int:
             if "restart" in a.only:
                 from benchmarks.restart import scenario_restart
                 restart = scenario_restart(work, server_cpus, _say, original_cmd)
+            if "downnode" in a.only:
+                from benchmarks.downnode import scenario_downnode
+                downnode = scenario_downnode(work, server_cpus, _say, original_cmd, a.quick)
             if "aof" in a.only:
                 from benchmarks.aof import AofOptions, scenario_aof
                 aof_rows, aof = scenario_aof(work, server_cpus, o, AofOptions(
@@ -1027,6 +1036,9 @@ def main(argv: list[str] | None = None) -> int:
     if restart:
         from benchmarks.restart import print_restart
         print_restart(restart, _say)
+    if downnode:
+        from benchmarks.downnode import print_downnode
+        print_downnode(downnode, _say)
     if aof:
         from benchmarks.aof import print_aof
         print_aof(aof)
@@ -1051,6 +1063,7 @@ def main(argv: list[str] | None = None) -> int:
         "spark": spark,
         "aof": aof,
         "restart": restart,
+        "downnode": downnode,
         "targets": targets,
         "disque_error": disque_error,
         "original_error": original_error,

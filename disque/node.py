@@ -198,6 +198,11 @@ class Node(ClusterJobs):
         m = self.membership
         return m.reachable() if m is not None else ()
 
+    def linked_others(self) -> tuple[bytes, ...]:
+        """The reachable nodes our bus link to is up: where copies of jobs go."""
+        m = self.membership
+        return m.linked() if m is not None else ()
+
     def is_known_node(self, node_id: bytes) -> bool:
         m = self.membership
         return m.get(node_id) is not None if m is not None else node_id == self.myself
@@ -471,20 +476,29 @@ class Node(ClusterJobs):
         # it: a documented choice); a leaving one refuses the job as the original does, since
         # it is about to drop whatever it holds.
         external = self.leaving
-        reachable: tuple[bytes, ...] = ()
+        # Copies go to linked nodes (reachable, bus link up); the NOREPL check counts the
+        # reachable ones, as the original: a node whose link is down for a moment (a
+        # reconnect) does not fail the ADDJOB, its job waits for a link (link_changed).
+        linked: tuple[bytes, ...] = ()
         if clustered:
-            reachable = m.reachable()
+            linked = m.linked()
             if self.above_copy_limit():
                 external = True
         needed = repl if external else repl - 1
-        if needed > len(reachable):
-            if external and needed - 1 == len(reachable):
-                why = "I'm leaving the cluster" if self.leaving else "I'm out of memory"
+        if needed > len(linked):
+            reachable = m.reachable() if clustered else ()
+            if needed > len(reachable):
+                if external and needed - 1 == len(reachable):
+                    why = "I'm leaving the cluster" if self.leaving else "I'm out of memory"
+                    raise CommandError("NOREPL", "Not enough reachable nodes for the requested"
+                                       " replication level, since I'm unable to hold a copy of"
+                                       f" the message for the following reason: {why}")
                 raise CommandError("NOREPL", "Not enough reachable nodes for the requested "
-                                   "replication level, since I'm unable to hold a copy of the "
-                                   f"message for the following reason: {why}")
-            raise CommandError("NOREPL", "Not enough reachable nodes for the requested "
-                                         "replication level")
+                                             "replication level")
+            if async_ and external and not linked:
+                # kept nowhere here and sent nowhere: the ID would name a job that is lost
+                raise CommandError("NOREPL", "Not enough reachable nodes for the requested "
+                                             "replication level")
         q = self._qshards[hash(queue) & self._qmask].get(queue)
         if q is not None:
             if maxlen is not None and len(q.jobs) >= maxlen:
@@ -504,7 +518,7 @@ class Node(ClusterJobs):
         if dl is not None:
             job.dl = dl
         if needed:
-            return self._add_replicated(job, reachable, needed, external, async_, now,
+            return self._add_replicated(job, linked, needed, external, async_, now,
                                         timeout_ms)
         # register(), inlined: this is the hot path of ADDJOB
         self._jshards[hash(job_id) & self._jmask][job_id] = job
@@ -536,19 +550,22 @@ class Node(ClusterJobs):
             self.persist.loadjob(job)
         return job
 
-    def _add_replicated(self, job: Job, reachable: tuple[bytes, ...], needed: int,
+    def _add_replicated(self, job: Job, linked: tuple[bytes, ...], needed: int,
                         external: bool, async_: bool, now: int, timeout_ms: int) -> Job:
         """ADDJOB with copies on other nodes: sync (the job waits in wait-repl and the
-        command layer parks the client with wait_replication) or ASYNC."""
-        # every reachable node when all are needed (R3 on 3 nodes): no sampling to pay for,
-        # and the membership's own tuple, which tells start_replication that consecutive jobs
-        # go to the same nodes; one of them (R2): one random() rather than rng.sample's
-        if needed == len(reachable):
-            targets: Sequence[bytes] = reachable
+        command layer parks the client with wait_replication) or ASYNC. The copies go to
+        linked nodes; with fewer of them than needed, to all of them now, and a sync job
+        takes the others as their links come up (link_changed) or at a retry tick."""
+        # every linked node when all are needed (R3 on 3 nodes) or fewer are linked: no
+        # sampling to pay for, and the membership's own tuple, which tells start_replication
+        # that consecutive jobs go to the same nodes; one of them (R2): one random() rather
+        # than rng.sample's
+        if needed >= len(linked):
+            targets: Sequence[bytes] = linked
         elif needed == 1:
-            targets = [reachable[int(self._random() * len(reachable))]]
+            targets = [linked[int(self._random() * len(linked))]]
         else:
-            targets = self.rng.sample(reachable, needed)
+            targets = self.rng.sample(linked, needed)
         job.delivered = self.shared_delivered((() if external else self._self_only)
                                               + tuple(targets))
         if async_ and external:

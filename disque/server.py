@@ -409,11 +409,9 @@ class Server:
         self.apply_deadletter_defaults()
         self.bus = Bus(self.membership, password=cfg.cluster_password,
                        save_config=self.save_nodes_conf,
-                       deliver_job_message=self.on_job_message)
+                       deliver_job_message=self.on_job_message,
+                       link_changed=self.node.link_changed)
         self.node.on_out = self.schedule_route
-        get_node = self.membership.get
-        self.node.link_up = lambda node_id: getattr(get_node(node_id), "out_link", None) \
-            is not None
         self.route_scheduled = False
         self.ack_sent = False  # an ACKJOB queued bus messages: route them before replying
         if fresh:

@@ -23,7 +23,15 @@ from typing import Any
 
 import structlog
 
-from disque.cluster.membership import CloseLink, Connect, Log, Membership, SaveConfig, Send
+from disque.cluster.membership import (
+    CloseLink,
+    Connect,
+    LinkChanged,
+    Log,
+    Membership,
+    SaveConfig,
+    Send,
+)
 from disque.cluster.messages import (
     AUTH_CHALLENGE,
     AUTH_RESPONSE,
@@ -231,11 +239,14 @@ class Bus:
 
     def __init__(self, membership: Membership, *, password: str = "",
                  save_config: Callable[[str], None], deliver_job_message: Callable[..., None]
-                 | None = None, max_frame: int = 64 * 1024 * 1024) -> None:
+                 | None = None, link_changed: Callable[[bytes, bool], None] | None = None,
+                 max_frame: int = 64 * 1024 * 1024) -> None:
         self.membership = membership
         self.password = password.encode() if password else b""
         self.save_config = save_config
         self.deliver_job_message = deliver_job_message
+        # the job layer's hook for Membership's LinkChanged(node_id, up) effects
+        self.link_changed = link_changed
         self.max_frame = max_frame
         self.loop: asyncio.AbstractEventLoop | None = None
         self.servers: list[Any] = []
@@ -303,6 +314,9 @@ class Bus:
                     effect.link.close()
                 elif kind is SaveConfig:
                     self.save()
+                elif kind is LinkChanged:
+                    if self.link_changed is not None:
+                        self.link_changed(effect.node_id, effect.up)
                 elif kind is Log:
                     log.info(effect.event, **effect.fields)
         if flush_now:

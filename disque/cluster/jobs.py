@@ -4,9 +4,14 @@
 timers, and adds the handlers of the four state machines, named as in the spec:
 
 - Job replication: ADDJOB with REPLICATE n blocks the client (`start_replication`) until
-  n - 1 other nodes answered GOTJOB to REPLJOB (`on_repljob`, `on_gotjob`); one more node is
-  tried every 50 ms while short (`repl_tick`); the timeout answers -NOREPL and deletes the
-  copies (best effort). External replication (memory above 75%, or LEAVING): the node keeps
+  n - 1 other nodes answered GOTJOB to REPLJOB (`on_repljob`, `on_gotjob`); the timeout
+  answers -NOREPL and deletes the copies (best effort). Copies go only to reachable nodes
+  whose bus link is up (`membership.linked()`, the original's "No link, no party"): a killed
+  node's connection resets at once, long before it is flagged PFAIL, so it is never waited
+  for. When the link to a node drops, every replication in flight that counted on it (listed,
+  not confirmed) gets another linked node at once (`link_changed`); when a link comes up, a
+  replication short of linked candidates takes the node at once. Linked nodes that do not
+  answer (stopped, slow, refusing) are covered by one more node every 50 ms (`repl_tick`). External replication (memory above 75%, or LEAVING): the node keeps
   no copy and asks one confirming node to queue the job (`on_enqueue`).
 - Re-queue: 500 ms before its requeue time an active job announces WILLQUEUE to the nodes
   that may have it (`on_willqueue`: a node that has it queued answers QUEUED, one that has it
@@ -262,9 +267,13 @@ class ClusterJobs:
                 self.send(n, msg)
 
     def link_up(self, node_id: bytes) -> bool:
-        """Whether a message to `node_id` can leave now (the I/O layer replaces this with
-        a look at the bus link; the sans-I/O default is yes)."""
-        return True
+        """Whether a message to `node_id` can leave now: our outbound bus link to it is up
+        (without a membership, a lone node in unit tests: yes)."""
+        m = self.membership
+        if m is None:
+            return True
+        n = m.get(node_id)
+        return n is not None and n.out_link is not None
 
     def on_out(self) -> None:
         """Called when the outbox goes from empty to non-empty (the server hooks it)."""
@@ -283,18 +292,21 @@ class ClusterJobs:
         `wait_replication` parks its client; async: it is already queued here (unless
         external) and the copies are best effort.
 
-        The REPLJOBs of consecutive new jobs to every reachable node (`targets` is then
-        the membership's tuple of them: the same object from job to job) become one
+        The REPLJOBs of consecutive new jobs to every linked node (`targets` is then
+        the membership's `linked()` tuple: the same object from job to job) become one
         message in the outbox (a pipelined group, an ADDJOBS, the ADDJOBs of several
         clients in one loop iteration): no message object, no outbox entry and no
         encoding step per job and per node, and one frame per node as before. Not for
         targets drawn at random (REPLICATE 2 of 3 nodes): the encoder already packs each
         node's REPLJOBs into one frame, and batches of alternating targets would split
-        those frames."""
+        those frames. No targets (no linked node now): nothing is sent, a sync job waits
+        for a link (`link_changed`) or a retry tick."""
         rec = job_record(job, now)
         if not async_:
             job.state = WAIT_REPL
             job.confirmed = () if external else (self.myself,)
+        if not targets:
+            return  # no linked node now: link_changed or repl_tick sends it later
         out = self.out
         last = self.repl_last
         header = self.header()
@@ -350,24 +362,74 @@ class ClusterJobs:
         self.wheel.schedule(timer, timer.wake_at())
 
     def repl_tick(self, job_id: bytes) -> None:
-        """TIMER every 50 ms while short of the replication factor: add one more reachable
+        """TIMER every 50 ms while short of the replication factor: add one more linked
         node to `delivered` and re-send REPLJOB (so every holder learns the full list)."""
         rep = self.replicating.get(job_id)
         if rep is None:
             return
         job = rep.job
-        candidates = [n for n in self.reachable_others() if n not in job.delivered]
+        candidates = [n for n in self.linked_others() if n not in job.delivered]
         added = False
         if candidates:
             job.delivered = job.delivered + (self.rng.choice(candidates),)
             added = True
-        now = self.clock()
-        rec = job_record(job, now)
+        self.resend_repljob(job, added)
+
+    def resend_repljob(self, job: Job, added: bool) -> None:
+        """REPLJOB again to every other holder with a link: those that have not confirmed
+        yet must answer; the confirmed ones, when the list grew, only learn it (NOREPLY)."""
+        rec = job_record(job, self.clock())
+        confirmed = job.confirmed
+        link_up = self.link_up
         for n in self.others(job):
-            if n not in job.confirmed:
+            if not link_up(n):
+                continue  # (the bus would drop it; sent when a tick finds the link back)
+            if n not in confirmed:
                 self.send(n, ReplJob(self.header(), rec, False))
             elif added:
                 self.send(n, ReplJob(self.header(), rec, True))
+
+    def link_changed(self, node_id: bytes, up: bool) -> None:
+        """Membership's LinkChanged: our bus link to `node_id` came up or went away.
+
+        Down: every replication in flight that lists the node without its GOTJOB gets
+        other linked nodes at once, as many as it is now short (see `replicate_more`): a
+        REPLJOB lost with the link is not waited for. Up: replications short of linked
+        candidates (fewer linked nodes than REPLICATE asked for) take the node now."""
+        if not self.replicating:
+            return
+        linked = self.linked_others()
+        if up:
+            if node_id not in linked:
+                return  # linked but PFAIL / FAIL / LEAVING: not a target (yet)
+            for rep in list(self.replicating.values()):
+                if node_id not in rep.job.delivered:
+                    self.replicate_more(rep.job, linked)
+            return
+        for rep in list(self.replicating.values()):
+            job = rep.job
+            if node_id in job.delivered and node_id not in job.confirmed:
+                self.replicate_more(job, linked)
+
+    def replicate_more(self, job: Job, linked: Sequence[bytes]) -> None:
+        """Add linked nodes to a job waiting for its copies until the nodes that confirmed
+        or still may (listed, unconfirmed, link up) reach REPLICATE, or none is left; then
+        re-send REPLJOB as repl_tick does."""
+        confirmed = job.confirmed
+        myself = self.myself
+        prospects = len(confirmed) + sum(1 for n in job.delivered if n != myself
+                                         and n not in confirmed and n in linked)
+        added = False
+        while prospects < job.repl:
+            delivered = job.delivered
+            candidates = [n for n in linked if n not in delivered]
+            if not candidates:
+                break
+            job.delivered = delivered + (self.rng.choice(candidates),)
+            prospects += 1
+            added = True
+        if added:
+            self.resend_repljob(job, True)
 
     def repl_timeout(self, job_id: bytes) -> None:
         rep = self.replicating.pop(job_id, None)

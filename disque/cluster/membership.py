@@ -9,7 +9,10 @@ I/O layer drains after every event and applies in order:
 - `Send(link, msg)`: write `msg` on `link` (coalescing writes is the I/O layer's business);
 - `CloseLink(link)`: close it and deliver nothing more from it;
 - `SaveConfig()`: nodes.conf changed, write `nodes_conf()` atomically;
-- `Log(event, fields)`: a rare, noteworthy change (node added/failed/forgotten...).
+- `Log(event, fields)`: a rare, noteworthy change (node added/failed/forgotten...);
+- `LinkChanged(node_id, up)`: our outbound link to a (non-handshake) node came up or went
+  away; the I/O layer tells the job layer, which re-targets the replications in flight at
+  once (a killed peer's connection resets long before the node is flagged PFAIL).
 
 Links. Every node keeps one *outbound* link per known node, for its own requests (PING,
 MEET, FAIL and, later, the job messages); replies (PONG) go back on the link the request
@@ -23,6 +26,13 @@ the connection; ports from the header), unless blacklisted, and answers PONG; th
 the handshake entry its real ID (or drops it, if that ID is already known or is myself).
 Handshake entries expire after max(node_timeout, 1000) ms.
 
+Replication targets. `reachable()` (not handshake, leaving, PFAIL, FAIL or noaddr) is what
+CLUSTER INFO counts and what ADDJOB's NOREPL check compares REPLICATE with, as the original.
+`linked()` is the subset whose outbound link is up: where copies are sent, as the original's
+clusterReplicateJob ("No link, no party"). Both are cached tuples that stay the same object
+until the table (flags) or the links change, so the job layer can tell consecutive jobs with
+the same targets by identity.
+
 Failure detection (as Redis Cluster). Each tick (100 ms): connect nodes without a link;
 about once a second PING the node with the oldest PONG among 5 random ones; PING any node
 whose last PONG is older than node_timeout/2; close (and so reconnect) a link older than
@@ -35,6 +45,7 @@ Invariants:
 - exactly one entry has MYSELF, it is `self.me`, keyed by my ID; no other entry has my ID;
 - HANDSHAKE entries are never gossiped, persisted, counted in `size()` or reachable;
 - `node.out_link` is set iff the link is in `_out_links`, mapped to that node;
+- every change of a non-handshake node's `out_link` (set, cleared) emits `LinkChanged`;
 - LEAVING of another node only changes from that node's own message header;
 - a node is FAIL here only after a majority decision here or a FAIL message from a known node.
 """
@@ -78,7 +89,8 @@ from disque.cluster.nodes import (
 from disque.protocol.errors import err
 
 __all__ = [
-    "Membership", "Connect", "Send", "CloseLink", "SaveConfig", "Log", "SAVE_CONFIG",
+    "Membership", "Connect", "Send", "CloseLink", "SaveConfig", "Log", "LinkChanged",
+    "SAVE_CONFIG",
     "new_node_id", "parse_nodes_conf", "render_nodes_conf", "render_cluster_nodes",
     "NodesConfError",
 ]
@@ -127,7 +139,14 @@ class Log(NamedTuple):
     fields: dict[str, Any]
 
 
-Effect = Connect | Send | CloseLink | SaveConfig | Log
+class LinkChanged(NamedTuple):
+    """Our outbound link to `node_id` is up (`up`) or gone; `linked()` already says so."""
+
+    node_id: bytes
+    up: bool
+
+
+Effect = Connect | Send | CloseLink | SaveConfig | Log | LinkChanged
 
 
 def new_node_id(rng: random.Random) -> bytes:
@@ -183,6 +202,8 @@ class Membership:
         self._save = False
         self._views_dirty = True
         self._reachable: tuple[bytes, ...] = ()
+        self._links_dirty = True  # an outbound link was set or closed: linked() is stale
+        self._linked: tuple[bytes, ...] = ()
         self._size = 1
         self.header = self._make_header()
 
@@ -242,16 +263,33 @@ class Membership:
         # NOADDR too (unlike the original): a node whose address answered with another ID
         # cannot be reached, and jobs replicated to it would never be acknowledged.
         excluded = MYSELF | HANDSHAKE | LEAVING | PFAIL | FAIL | NOADDR
-        self._reachable = tuple([n.id for n in self.table.values() if not n.bits & excluded])
+        reachable = tuple([n.id for n in self.table.values() if not n.bits & excluded])
+        if reachable != self._reachable:
+            self._reachable = reachable
         self._size = sum(1 for n in self.table.values() if not n.bits & HANDSHAKE)
         self._views_dirty = False
+        self._links_dirty = True
 
     def reachable(self) -> tuple[bytes, ...]:
-        """IDs of the other nodes not in handshake, leaving, PFAIL, FAIL or noaddr: where the
-        job layer replicates to. Cached until the table changes."""
+        """IDs of the other nodes not in handshake, leaving, PFAIL, FAIL or noaddr (CLUSTER
+        INFO's count, ADDJOB's NOREPL check). Cached until the table changes."""
         if self._views_dirty:
             self._refresh_views()
         return self._reachable
+
+    def linked(self) -> tuple[bytes, ...]:
+        """The reachable nodes whose outbound bus link is up: where the job layer sends
+        copies. Cached until the table or a link changes, and the same tuple object for as
+        long as its content does not change (start_replication batches by identity)."""
+        if self._views_dirty:
+            self._refresh_views()
+        if self._links_dirty:
+            table = self.table
+            linked = tuple([n for n in self._reachable if table[n].out_link is not None])
+            if linked != self._linked:
+                self._linked = linked
+            self._links_dirty = False
+        return self._linked
 
     def size(self) -> int:
         """Known non-handshake nodes, myself included."""
@@ -421,6 +459,7 @@ class Membership:
         node.out_link = link
         node.link_ctime = now
         self._out_links[link] = node
+        self._link_changed(node, True)
         if node.bits & (MEET | HANDSHAKE):
             # Every link of a handshake gets a MEET: a PING would not make the peer add us.
             node.bits &= ~MEET
@@ -449,6 +488,7 @@ class Membership:
         if node is not None:
             if node.out_link is link:
                 node.out_link = None
+                self._link_changed(node, False)
             return
         self._inbound.pop(link, None)
 
@@ -486,6 +526,7 @@ class Membership:
             node.bus_port = h.bus_port
             node.ctime = now
             self._changed()
+            self._link_changed(node, True)  # a new node, with its link up already
             self._log("node.added", node=_sid(sender_id), ip=node.ip.decode(), port=node.port,
                       via="handshake")
         elif sender_id != node.id:
@@ -657,6 +698,12 @@ class Membership:
             node.out_link = None
             self._out_links.pop(link, None)
             self.outbox.append(CloseLink(link))
+            self._link_changed(node, False)
+
+    def _link_changed(self, node: ClusterNode, up: bool) -> None:
+        self._links_dirty = True
+        if not node.bits & HANDSHAKE:  # (a handshake entry's ID is a temporary one)
+            self.outbox.append(LinkChanged(node.id, up))
 
     def _del_node(self, node: ClusterNode) -> None:
         del self.table[node.id]

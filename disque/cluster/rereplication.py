@@ -42,7 +42,7 @@ from typing import Any
 
 from disque.cluster.jobs import job_record
 from disque.cluster.messages import ReplJob
-from disque.cluster.nodes import FAILING, HANDSHAKE, LEAVING, MYSELF, NOADDR
+from disque.cluster.nodes import HANDSHAKE, MYSELF
 from disque.jobs.job import ACTIVE, F_DUMMY, F_RELOADED, QUEUED
 
 DEFAULT_RATE = 5000  # copies per second (rereplicate-rate)
@@ -56,7 +56,7 @@ class Rereplication:
     `confirmed(sender, job_id)` for a GOTJOB that answers none of ADDJOB's REPLJOBs.
 
     The node's door: `membership.nodes()`, `jobs.shard_count()` / `jobs.shard(i)`,
-    `send(node_id, msg)`, `header()`, `link_up(node_id)`, `myself`."""
+    `send(node_id, msg)`, `header()`, `linked_others()`, `myself`."""
 
     __slots__ = ("node", "rate", "seen", "cursors", "inflight", "rereplicated")
 
@@ -107,13 +107,12 @@ class Rereplication:
 
     # ------------------------------------------------------------------ internals
     def _reachable(self, node_id: bytes) -> bool:
-        """Whether copies may go to `node_id` now. A leaving node refuses copies (no
-        GOTJOB): sent to it, they would only spend their attempts, and a node restarted then
-        marked LEAVING for a while would never get its copies back once it stops leaving."""
-        node = self.node
-        n = node.membership.get(node_id)
-        return (n is not None and not n.bits & (FAILING | NOADDR | HANDSHAKE | LEAVING)
-                and node.link_up(node_id))
+        """Whether copies may go to `node_id` now: it is among the linked nodes ADDJOB
+        replicates to (reachable, bus link up). Not a leaving node: it refuses copies (no
+        GOTJOB), so sent to it they would only spend their attempts, and a node restarted
+        then marked LEAVING for a while would never get its copies back once it stops
+        leaving."""
+        return node_id in self.node.linked_others()
 
     def _wanted(self, job: Any, target: bytes) -> bool:
         return (job.state in (ACTIVE, QUEUED) and job.retry

@@ -10,6 +10,9 @@ job messages exactly like the server does:
   codec by the network;
 - a job message arriving on a link goes to `node.on_message` if its sender is a known,
   non-handshake node (as `Server.on_job_message`); membership messages go to Membership;
+- Membership's `LinkChanged` effects go to `node.link_changed` (as the server's Bus hook):
+  a crash resets the links of the dead host, its peers see them close after the data in
+  flight, and re-target the copies they were waiting for from it at once;
 - the node's timer wheel is driven by wake-up events at `node.next_due()`, calling
   `node.tick(now)` (a paused host wakes when resumed; a crashed one loses its Node: a
   restart comes back with an empty job table and its saved nodes.conf, or with `aof` its
@@ -35,7 +38,7 @@ from collections.abc import Callable
 from typing import Any
 
 from disque.cluster.jobs import ReplWaiter, job_from_record, job_record
-from disque.cluster.membership import TICK_MS
+from disque.cluster.membership import TICK_MS, LinkChanged
 from disque.cluster.messages import JOB_TYPES, Message
 from disque.cluster.nodes import HANDSHAKE
 from disque.jobs.deadletter import DeadLetter
@@ -247,6 +250,12 @@ class SimCluster(SimNetwork):
         if known is None or known.bits & HANDSHAKE:
             return  # only members of the cluster are heard
         self._call(node, self.jobnodes[node.idx].on_message, sender, msg)
+
+    def _link_changed(self, node: SimNode, e: LinkChanged) -> None:
+        """As the server's Bus: the job layer hears of every outbound link change (its
+        messages are routed after the event, by `_after_job_event`)."""
+        if self.jobnodes and node.state != "down":
+            self.jobnodes[node.idx].link_changed(e.node_id, e.up)
 
     def run_on(self, i: int, fn: Callable[[Node], Any]) -> Any:
         """Run a client command on node i (must be up) as one event; returns its result."""

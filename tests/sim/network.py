@@ -9,7 +9,8 @@ ms) and seeded random generators; the network applies their effects:
 - `Send` -> the message is encoded and decoded through the real codec (a `FrameDecoder` per
   link end) and delivered after a random delay, in FIFO order per link;
 - `CloseLink` -> the peer end gets `link_closed` after the data already sent;
-- `SaveConfig` -> the node's nodes.conf text is kept (a restart loads it).
+- `SaveConfig` -> the node's nodes.conf text is kept (a restart loads it);
+- `LinkChanged` -> `_link_changed` (SimCluster hands it to the node's job layer).
 
 Links behave like TCP: nothing is lost silently. A partition or a paused reader stalls a
 stream (delivered in order after `heal()` / `resume()`); `drop` is the probability that a
@@ -37,6 +38,7 @@ from disque.cluster.membership import (
     TICK_MS,
     CloseLink,
     Connect,
+    LinkChanged,
     Log,
     Membership,
     SaveConfig,
@@ -218,8 +220,14 @@ class SimNetwork:
                 node.conf = node.membership.nodes_conf()
             elif isinstance(e, Log):
                 node.logs.append((self.now, e))
+            elif isinstance(e, LinkChanged):
+                self._link_changed(node, e)
             else:  # pragma: no cover
                 raise AssertionError(f"unknown effect {e!r}")
+
+    def _link_changed(self, node: SimNode, e: LinkChanged) -> None:
+        """An outbound link of `node` came up or went away (subclasses tell the job
+        layer, as the server's Bus does)."""
 
     def _reachable(self, a: SimNode, b: SimNode) -> bool:
         return (a.idx, b.idx) not in self.blocked

@@ -179,6 +179,32 @@ def test_a_leaving_node_is_drained_to_zero_jobs_while_the_cluster_serves() -> No
         w.stop()
 
 
+def test_sync_addjobs_do_not_wait_for_a_crashed_node() -> None:
+    """Issue 25: a crash resets the dead node's links; its peers see them close after the
+    data in flight and, long before the node is flagged PFAIL (a node timeout of a minute
+    here), replace it in the replications that waited for its GOTJOB and no longer send it
+    new copies."""
+    net = SimCluster(3, seed=11, node_timeout=60_000)
+    for i in (1, 2):
+        net.meet(0, i)
+    assert net.run_until_true(net.full_mesh, 30_000)
+    dead = net.nodes[2].id
+    link_down = lambda: net.nodes[0].membership.get(dead).out_link is None  # noqa: E731
+    before = [net.addjob(0, replicate=2, retry=30, timeout=30_000) for _ in range(40)]
+    net.crash(2)  # before any GOTJOB could come back: some of them wait on node 2
+    waiting = [rep.job for rep in net.node(0).replicating.values()]
+    assert sum(dead in job.delivered for job in waiting) >= 5
+    assert net.run_until_true(link_down, 1000, step=1)
+    after = [net.addjob(0, replicate=2, retry=30, timeout=30_000) for _ in range(40)]
+    assert net.run_until_true(lambda: all(r.done for r in before + after), 1000, step=1)
+    assert all(r.ok is not None for r in before + after)
+    for r in before + after:
+        assert r.ok is not None and net.holders(r.ok) == [0, 1]
+    for r in after:
+        assert r.ok is not None and dead not in net.node(0).lookup_job(r.ok).delivered
+    assert net.flags_of(0, 2) == [] and net.flags_of(1, 2) == []  # never flagged
+
+
 # ---------------------------------------------------------------------------- partitions
 def test_a_job_stuck_in_a_minority_partition_is_requeued_by_the_majority() -> None:
     net = formed(3, seed=8)

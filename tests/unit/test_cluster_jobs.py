@@ -1,8 +1,9 @@
 """disque.cluster.jobs: the spec's job state machines, handler by handler, with a fake clock.
 
 A `Rig` is one Node with a real Membership whose table was loaded with peers (known and
-reachable, no links: the Node's messages land in `node.out` as (node id, message) pairs and
-stay there). Bus messages from peers are fed straight into the handlers. Time only moves
+reachable, outbound bus links up as the Bus would report them: no sockets, the Node's
+messages land in `node.out` as (node id, message) pairs and stay there; `drop_link` /
+`link` make a link go away or come up, and hand Membership's LinkChanged to the node). Bus messages from peers are fed straight into the handlers. Time only moves
 through `Rig.advance`, which wakes the node at every instant its timer wheel asks for.
 Each test names the spec step (README "Disque state machine", checklist sections 4, 9, 10).
 """
@@ -27,7 +28,7 @@ from disque.cluster.jobs import (
     ReplWaiter,
     sender_wins,
 )
-from disque.cluster.membership import Membership
+from disque.cluster.membership import Connect, LinkChanged, Membership
 from disque.cluster.messages import (
     QUEUED_INCR_DELIV,
     QUEUED_INCR_NACKS,
@@ -43,6 +44,7 @@ from disque.cluster.messages import (
     JobRecord,
     NeedJobs,
     PauseQueue,
+    Pong,
     Queued,
     ReplJob,
     ReplJobBatch,
@@ -108,10 +110,11 @@ class GetClient(Waiter):
 
 
 class Rig:
-    """One node of a cluster whose other members are `peers` (reachable, no links)."""
+    """One node of a cluster whose other members are `peers` (reachable; our bus links to
+    them up, unless `linked` is False)."""
 
     def __init__(self, peers: tuple[bytes, ...] = (A, B), *, myself: bytes = ME,
-                 seed: int = 1, **kw: Any) -> None:
+                 seed: int = 1, linked: bool = True, **kw: Any) -> None:
         self.now = T0
         rng = random.Random(seed)
         self.node = Node(myself, self.clock, rng=rng, randbytes=rng.randbytes, **kw)
@@ -119,9 +122,46 @@ class Rig:
         self.m.load([ClusterNode(p, b"10.0.0.%d" % (i + 2), 7711) for i, p in enumerate(peers)])
         self.node.membership = self.m
         self.ids = IdGenerator(A, random.Random(seed + 2).randbytes)
+        self.links: dict[bytes, object] = {}
+        if linked:
+            self.link(*[p for p in peers if p != myself])
 
     def clock(self) -> int:
         return self.now
+
+    def bus(self) -> None:
+        """Carry out Membership's effects as the server's Bus does for the job layer:
+        LinkChanged goes to the node (nothing else matters here)."""
+        for e in self.m.drain():
+            if type(e) is LinkChanged:
+                self.node.link_changed(e.node_id, e.up)
+
+    def link(self, *peers: bytes) -> None:
+        """Our outbound links to `peers` come up, as a real connect does: Membership's tick
+        asks for them (Connect), the I/O layer reports them connected, the peer answers
+        the PING with a PONG. Links it asked for to other nodes fail (retried later)."""
+        self.m.tick(self.now)
+        effects = self.m.drain()
+        for e in effects:
+            if type(e) is not Connect:
+                continue
+            if e.node_id in peers:
+                link = self.links[e.node_id] = object()
+                self.m.link_connected(link, e.token)
+                self.m.link_message(link, Pong(hdr(e.node_id), []), b"10.0.0.99")
+            else:
+                self.m.connect_failed(e.token)
+        for e in effects:
+            if type(e) is LinkChanged:  # (none expected from a tick, but not lost)
+                self.node.link_changed(e.node_id, e.up)
+        self.bus()
+        assert all(self.node.link_up(p) for p in peers)
+
+    def drop_link(self, peer: bytes) -> None:
+        """Our outbound link to `peer` closes (the peer was killed: the kernel resets the
+        connection)."""
+        self.m.link_closed(self.links.pop(peer))
+        self.bus()
 
     def advance(self, ms: int) -> None:
         target = self.now + ms
@@ -494,6 +534,155 @@ def test_norepl_of_a_node_out_of_memory_says_why() -> None:
     with pytest.raises(CommandError) as info:
         r.add(replicate=3, async_=True)
     assert info.value.message == NOREPL_WHY + "I'm out of memory"
+
+
+# ---------------------------------------------------------------------------- down nodes
+# Issue 25: copies go only to linked nodes (reachable, bus link up), as the original's
+# clusterReplicateJob ("No link, no party"); a killed node's link resets at once, long
+# before it is flagged PFAIL, and from then on nothing waits for it.
+def test_copies_never_go_to_a_node_whose_link_is_down() -> None:
+    r = Rig(peers=(A, B, C))
+    r.drop_link(C)
+    assert set(r.m.reachable()) == {A, B, C}  # not PFAIL yet: still reachable
+    for _ in range(50):
+        job, _client = r.add_sync(replicate=2)
+        assert C not in job.delivered
+        job = r.add(replicate=3, async_=True)
+        assert C not in job.delivered
+    assert C not in {n for n, _ in r.take()}
+
+
+def test_all_linked_nodes_is_the_membership_tuple_so_consecutive_jobs_batch() -> None:
+    r = Rig(peers=(A, B, C))
+    r.drop_link(C)
+    jobs = [r.add_sync(replicate=3)[0] for _ in range(3)]  # needs A and B: all linked
+    out = r.take()
+    assert [n for n, _ in out] == [A, B]  # one message per node for the three jobs
+    assert [rec.id for rec in out[0][1].items] == [j.id for j in jobs]
+    assert all(j.delivered == (ME, A, B) for j in jobs)
+
+
+def test_the_retry_tick_adds_only_linked_nodes() -> None:
+    r = Rig(peers=(A, B, C, D))
+    r.drop_link(C)
+    r.drop_link(D)
+    job, client = r.add_sync(replicate=2, timeout=10_000)
+    (first,) = targets(r.take(), ReplJob)
+    for _ in range(5):
+        r.advance(50 + RES)  # the first target is silent (stopped, slow)
+    assert set(job.delivered) == {ME, A, B}
+    assert {n for n, _ in r.take()} == {A, B}
+    assert job.state == WAIT_REPL and not client.added
+
+
+def test_a_link_drop_gives_the_replications_waiting_on_that_node_another_one_at_once() -> None:
+    r = Rig(peers=(A, B, C))
+    waiting = [r.add_sync(replicate=3, timeout=10_000) for _ in range(40)]
+    r.take()
+    on_a = [(job, client) for job, client in waiting if A in job.delivered]
+    assert on_a and len(on_a) < len(waiting)
+    for job, _client in on_a[::2]:  # the other target (B or C) confirmed half of them
+        other = next(n for n in job.delivered if n not in (ME, A))
+        r.node.on_gotjob(other, GotJob(hdr(other), job.id))
+    before = {job.id: job.delivered for job, _ in waiting}
+    r.drop_link(A)  # A was killed: no timer runs, the event alone re-targets
+    out = r.take()
+    for job, client in waiting:
+        if job not in [j for j, _ in on_a]:
+            assert job.delivered == before[job.id]  # not waiting on A: untouched
+            continue
+        (new,) = [n for n in job.delivered if n not in before[job.id]]
+        assert new != A and job.delivered[:3] == before[job.id]  # A stays listed
+        sent = {n: msg for n, msg in out if type(msg) is ReplJob and msg.job.id == job.id}
+        assert A not in sent  # no link: nothing to send it on
+        # every other holder learns the full list; the confirmed one needs not answer
+        assert set(sent) == set(job.delivered) - {ME, A}
+        assert all(set(msg.job.delivered) == set(job.delivered) for msg in sent.values())
+        assert all(msg.noreply == (n in job.confirmed) for n, msg in sent.items())
+        assert any(msg.noreply for msg in sent.values()) == (len(job.confirmed) == 2)
+        r.node.on_gotjob(new, GotJob(hdr(new), job.id))
+        confirmers = [n for n in job.delivered if n not in (ME, A, new)]
+        for n in confirmers:
+            r.node.on_gotjob(n, GotJob(hdr(n), job.id))
+        assert client.added == [job.id] and job.state == QUEUED
+
+
+def test_a_link_drop_of_a_node_that_confirmed_changes_nothing() -> None:
+    r = Rig(peers=(A, B, C, D))
+    job, client = r.add_sync(replicate=3, timeout=10_000)
+    t1, t2 = targets(r.take(), ReplJob)
+    r.node.on_gotjob(t1, GotJob(hdr(t1), job.id))
+    before = job.delivered
+    r.drop_link(t1)  # its copy is confirmed: nothing to replace
+    assert job.delivered == before and r.take() == []
+
+
+def test_a_link_drop_with_no_other_linked_node_waits_and_times_out_with_norepl() -> None:
+    r = Rig(peers=(A, B))
+    r.drop_link(B)
+    job, client = r.add_sync(replicate=2, timeout=1000)
+    assert job.delivered == (ME, A) and targets(r.take(), ReplJob) == [A]
+    r.drop_link(A)  # nobody left to take it: nothing to send, no crash
+    assert job.delivered == (ME, A) and r.take() == []
+    r.advance(1000 + RES)
+    assert [(e.prefix, e.message) for e in client.errors] == [("NOREPL", NOREPL_TIMEOUT)]
+    assert r.node.lookup_job(job.id) is None and not r.node.replicating
+
+
+def test_with_fewer_linked_nodes_than_needed_a_link_coming_up_completes_the_job() -> None:
+    r = Rig(peers=(A, B))
+    r.drop_link(A)
+    r.drop_link(B)
+    job, client = r.add_sync(replicate=3, timeout=10_000)  # 2 reachable: no NOREPL
+    assert job.delivered == (ME,) and r.take() == []
+    r.advance(200 + RES)  # the retry ticks find nobody to send to
+    assert job.delivered == (ME,) and r.take() == []
+    r.link(B)  # B restarted: its link is up, it is a target at once
+    ((to, msg),) = r.take()
+    assert to == B and type(msg) is ReplJob and not msg.noreply
+    assert job.delivered == (ME, B) and msg.job.delivered == (ME, B)
+    r.node.on_gotjob(B, GotJob(hdr(B), job.id))
+    r.now += 150  # (A's reconnect backoff)
+    r.link(A)
+    by_node = {n: m for n, m in of(r.take(), ReplJob)}
+    assert set(by_node) == {A, B} and by_node[B].noreply and not by_node[A].noreply
+    r.node.on_gotjob(A, GotJob(hdr(A), job.id))
+    assert client.added == [job.id] and job.state == QUEUED
+
+
+def test_a_link_coming_up_leaves_replications_with_enough_prospects_alone() -> None:
+    r = Rig(peers=(A, B, C))
+    r.drop_link(C)
+    job, client = r.add_sync(replicate=2, timeout=10_000)
+    r.take()
+    r.link(C)
+    assert r.take() == [] and C not in job.delivered
+
+
+def test_norepl_counts_reachable_nodes_even_with_their_links_down() -> None:
+    r = Rig(peers=(A, B))
+    r.drop_link(A)
+    r.drop_link(B)
+    job = r.add(replicate=3, async_=True)  # best effort, nobody linked: kept here only
+    assert job.state == QUEUED and job.delivered == (ME,)
+    with pytest.raises(CommandError) as info:
+        r.add(replicate=4)
+    assert info.value.message == NOREPL_PLAIN
+
+
+def test_an_async_external_addjob_with_no_linked_node_is_refused_not_lost() -> None:
+    r = Rig(peers=(A, B), maxmemory=BASE_MEMORY * 100 // 80)  # external: no local copy
+    r.drop_link(A)
+    r.drop_link(B)
+    with pytest.raises(CommandError) as info:
+        r.add(replicate=2, async_=True)
+    assert (info.value.prefix, info.value.message) == ("NOREPL", NOREPL_PLAIN)
+    r.now += 150
+    r.link(A)
+    job = r.add(replicate=2, async_=True)  # one linked copy, asked to queue it
+    out = r.take()
+    assert targets(out, ReplJob) == [A] and targets(out, EnqueueJob) == [A]
+    assert r.node.lookup_job(job.id) is None
 
 
 def test_at_most_once_jobs_refuse_replicate_above_one() -> None:
@@ -1520,14 +1709,14 @@ def test_no_jobs_are_given_to_a_node_our_link_to_is_down() -> None:
     """A node killed right after its NEEDJOBS: the bus would drop the YOURJOBS (no link),
     leaving the jobs to wait for their RETRY on a dead node; they stay queued here."""
     r = Rig()
-    r.node.link_up = lambda node_id: node_id != B  # type: ignore[method-assign]
+    r.drop_link(B)
     r.node.on_needjobs(B, NeedJobs(hdr(B), b"q", 5))  # nothing here yet: remembered
     r.node.add_job(b"q", b"x", 0, 1, None, None, 0, None, False)
     r.node.add_job(b"q", b"y", 0, 1, None, 0, 0, None, False)  # at-most-once
     r.node.on_needjobs(B, NeedJobs(hdr(B), b"q", 5))  # asked again, jobs queued now
     assert not of(r.take(), YourJobs)
     assert r.qlen() == 2
-    r.node.link_up = lambda node_id: True  # type: ignore[method-assign]
+    r.link(B)
     r.node.on_needjobs(B, NeedJobs(hdr(B), b"q", 5))
     assert [len(m.jobs) for _, m in of(r.take(), YourJobs)] == [1]  # max(1, qlen / 2)
 

@@ -12,6 +12,7 @@ from disque.cluster.membership import (
     SAVE_CONFIG,
     CloseLink,
     Connect,
+    LinkChanged,
     Log,
     Membership,
     Send,
@@ -673,6 +674,68 @@ def test_soft_reset_forgets_everybody_and_hard_reset_takes_a_new_id() -> None:
     assert m.myself == B and m.header.sender == B and [n.id for n in m.nodes()] == [B]
     m.reset(hard=True)
     assert m.myself not in (B, ME) and len(m.myself) == 40
+
+
+# ---------------------------------------------------------------------------- linked view
+def test_linked_lists_the_reachable_nodes_whose_outbound_link_is_up() -> None:
+    m, clock = make()
+    out_a = add_peer(m, A)
+    add_peer(m, B)
+    assert set(m.linked()) == {A, B} == set(m.reachable())
+    m.link_closed(out_a)  # A was killed: the kernel reset the connection
+    assert (of(m.drain(), LinkChanged)) == [LinkChanged(A, False)]
+    assert m.linked() == (B,)
+    assert set(m.reachable()) == {A, B}  # CLUSTER INFO and NOREPL still count A
+    m.tick()  # reconnect attempt: no link until it succeeds
+    (connect,) = of(m.drain(), Connect)
+    assert connect.node_id == A and m.linked() == (B,)
+    m.link_connected(Link("out-a2"), connect.token)
+    assert of(m.drain(), LinkChanged) == [LinkChanged(A, True)]
+    assert set(m.linked()) == {A, B}
+
+
+def test_linked_leaves_out_failing_leaving_and_handshake_nodes_even_with_a_link() -> None:
+    m, clock = make()
+    add_peer(m, A)
+    add_peer(m, B, flags=LEAVING)
+    m.meet(b"10.0.0.4", 7711)
+    (connect,) = of(m.drain(), Connect)
+    m.link_connected(Link("hs"), connect.token)  # a handshake's link: no LinkChanged
+    assert not of(m.drain(), LinkChanged)
+    assert m.linked() == (A,)
+    m.link_message(Link("in-b"), Fail(hdr(B, LEAVING), A), ADDR[B])  # B: A failed
+    m.drain()
+    assert m.get(A).flags == ["fail"] and m.get(A).out_link is not None  # type: ignore
+    assert m.linked() == ()
+
+
+def test_the_linked_tuple_is_the_same_object_until_its_content_changes() -> None:
+    """start_replication batches the REPLJOBs of consecutive jobs by the identity of
+    their targets: the view must not be rebuilt into a new tuple by unrelated changes."""
+    m, clock = make()
+    add_peer(m, A)
+    out_b = add_peer(m, B)
+    first = m.linked()
+    assert m.linked() is first
+    m.set_leaving(True)  # a table change that leaves the view as it was
+    m.drain()
+    assert m.linked() is first
+    m.link_closed(out_b)
+    m.drain()
+    assert m.linked() == (A,) and m.linked() is m.linked()
+
+
+def test_closing_a_link_ourselves_or_forgetting_the_node_reports_the_link_down() -> None:
+    m, clock = make()
+    add_peer(m, A)
+    add_peer(m, B)
+    m.forget(A)
+    effects = m.drain()
+    assert of(effects, LinkChanged) == [LinkChanged(A, False)] and of(effects, CloseLink)
+    assert m.linked() == (B,)
+    m.link_message(Link("in-b2"), Ping(hdr(B, ip=b"10.0.0.9"), []), b"10.0.0.9")
+    effects = m.drain()  # B moved: the old link is closed, a new one asked for
+    assert LinkChanged(B, False) in of(effects, LinkChanged) and m.linked() == ()
 
 
 def test_cluster_info_fields_in_order() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from disque.cluster.membership import Log, Membership
+from disque.cluster.membership import Connect, Log, Membership
 from disque.cluster.messages import INCARNATION_SHIFT, GotJob, Header, Ping, ReplJob
 from disque.cluster.nodes import LEAVING, ClusterNode
 from disque.cluster.rereplication import CONFIRM_MS, MAX_ATTEMPTS
@@ -29,6 +29,19 @@ class Rig:
         self.node.rereplication.rate = rate
         self.link = object()
         self.m.link_accepted(self.link, b"10.0.0.1")
+        # our outbound links to both peers are up (copies go only over a link)
+        self.out_links: dict[bytes, object] = {}
+        self.connect()
+
+    def connect(self) -> None:
+        """Our outbound links to the peers without one come up (copies go only over a
+        link): Membership's tick asks for them, the I/O layer reports them connected."""
+        self.m.tick(self.now)
+        for e in self.m.drain():
+            if type(e) is Connect:
+                link = self.out_links[e.node_id] = object()
+                self.m.link_connected(link, e.token)
+        self.m.drain()
 
     def clock(self) -> int:
         return self.now
@@ -132,6 +145,22 @@ def test_a_restarted_node_that_is_leaving_gets_its_copies_once_it_stops_leaving(
         r.ping_from(A, 2, LEAVING)
         assert repljobs(r.cron()) == []
     r.ping_from(A, 2)
+    assert repljobs(r.cron()) == [(A, jid)]
+
+
+def test_copies_wait_while_the_link_to_the_restarted_node_is_down() -> None:
+    r = Rig()
+    jid = r.copy()
+    r.ping_from(A, 1)
+    r.cron()
+    r.m.link_closed(r.out_links.pop(A))  # restarted, then our link to it dropped
+    r.ping_from(A, 2)
+    # its PING makes us connect back: until the connect succeeds, nothing is sent
+    (connect,) = [e for e in r.m.drain() if type(e) is Connect]
+    for _ in range(3):
+        assert repljobs(r.cron()) == []
+    assert r.info()["rereplication_nodes"] == 1
+    r.m.link_connected(object(), connect.token)
     assert repljobs(r.cron()) == [(A, jid)]
 
 

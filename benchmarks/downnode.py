@@ -1,0 +1,312 @@
+"""`make bench`'s downnode scenario (`python -m benchmarks.run --only downnode`): the
+replicated write rate while a node is killed under load (issue 25: "a down node is not
+waited for").
+
+Fresh clusters (3 nodes with REPLICATE 2, then 5 nodes with REPLICATE 3): redis-benchmark
+sends `ADDJOB dq body 5000 REPLICATE n` from 20 connections to node 0, in back-to-back
+slices for the whole run (each slice sized from the previous one's rate to last about
+SLICE_S: a fixed count would take seconds per slice at a collapsed rate and blur the
+phases). Meanwhile: `before_s` seconds healthy, then kill -9 of the last node (SIGKILL,
+reaped), `down_s` seconds with it down, then it is started again (same port and
+directory: same node ID, empty without AOF) and, once every peer shows it connected with
+no failure flag, `after_s` more seconds (the re-replication of its copies runs then).
+The default cluster-node-timeout (15 s) is longer than the whole run: the killed node is
+never flagged failing, so only the cost of its dead links is measured.
+
+Each slice is put in the phase it ran in: *before* (ended before the kill), *kill* (the
+slice the kill fell in), *during* (started after the kill, ended before the restart),
+*restart* (overlapping the restart, until the peers see the node again: not in the
+table), *after* (started once the peers see it). A phase's rate is its requests over the
+time redis-benchmark spent on them (the sum of each slice's own requests / rate, so the
+starting of the redis-benchmark processes between slices is not counted); its p50/p99
+(and p99.9, max) come from merging the slices' latency distributions ("Latency by percentile
+distribution": (latency, cumulative count) points; the merged count at a latency adds,
+for each slice, its count at its nearest point below, so a percentile is slightly
+overestimated, never under).
+
+With --disque-cmd the same runs on the original Disque afterwards (never two clusters at
+once). The issue's targets, printed PASS / MISS: with one node of three killed,
+REPLICATE 2 keeps >= 0.85x of its healthy rate in the same run, and its p99 while the
+node is down is below the original's in the same run; the same for REPLICATE 3 on five
+nodes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import subprocess
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+SLICE_S = 0.3  # s: the length a slice aims at
+SLICE_FIRST, SLICE_MIN, SLICE_MAX = 5000, 300, 20000  # requests per slice
+CLIENTS = 20
+DURATIONS = (3.0, 5.0, 3.0)  # s: before the kill, while down, after the peers see it again
+QUICK_DURATIONS = (2.0, 3.0, 2.0)
+CONFIGS = ((3, 2), (5, 3))  # (nodes, REPLICATE)
+PHASES = ("before", "kill", "during", "restart", "after")
+RATE_TARGET = 0.85  # during / before, disque-py, one node of three (five) killed
+
+_POINT = re.compile(rb"^\s*([\d.]+)% <= ([\d.]+) milliseconds \(cumulative count (\d+)\)")
+_THROUGHPUT = re.compile(rb"throughput summary:\s*([\d.]+) requests per second")
+
+
+@dataclass(slots=True)
+class Slice:
+    start: float  # s since the run started
+    end: float
+    requests: int = 0
+    rps: float | None = None
+    points: list[tuple[float, int]] = field(default_factory=list)  # (ms, cumulative count)
+    error: str | None = None
+    phase: str = ""
+
+
+def parse_slice(out: bytes, sl: Slice) -> None:
+    """redis-benchmark 7's full output -> rate and latency distribution of the slice."""
+    m = _THROUGHPUT.search(out)
+    if m is None:
+        sl.error = "no throughput in redis-benchmark output"
+        return
+    sl.rps = float(m.group(1))
+    section = out.replace(b"\r", b"\n").split(b"Latency by percentile distribution:", 1)
+    if len(section) == 2:
+        for line in section[1].split(b"\n"):
+            p = _POINT.match(line)
+            if p is None:
+                if line.strip():
+                    break  # the next section
+                continue
+            sl.points.append((float(p.group(2)), int(p.group(3))))
+    if sl.points:
+        sl.requests = sl.points[-1][1]
+
+
+def run_slice(port: int, command: list[str], t0: float, n: int) -> Slice:
+    from benchmarks.run import _redis_benchmark_cmd
+
+    sl = Slice(time.monotonic() - t0, 0.0)
+    try:
+        cp = subprocess.run(_redis_benchmark_cmd(port, command, n, 1, CLIENTS),
+                            capture_output=True, timeout=120, check=False)
+        if cp.returncode != 0:
+            lines = cp.stderr.decode(errors="replace").strip().splitlines()
+            sl.error = f"redis-benchmark exit {cp.returncode}: {lines[-1] if lines else ''}"
+        else:
+            parse_slice(cp.stdout, sl)
+    except subprocess.TimeoutExpired:
+        sl.error = "redis-benchmark slice over 120 s"
+    sl.end = time.monotonic() - t0
+    return sl
+
+
+def percentile(slices: list[Slice], q: float) -> float | None:
+    """The q-th percentile (0..100) of the merged latency distributions of `slices`."""
+    total = sum(s.requests for s in slices)
+    if not total:
+        return None
+    need = total * q / 100
+    for lat in sorted({ms for s in slices for ms, _ in s.points}):
+        count = 0
+        for s in slices:
+            below = 0
+            for ms, cum in s.points:
+                if ms > lat:
+                    break
+                below = cum
+            count += below
+        if count >= need:
+            return lat
+    return None
+
+
+def phase_summary(slices: list[Slice]) -> dict[str, Any]:
+    ok = [s for s in slices if s.rps and s.requests]
+    busy = sum(s.requests / s.rps for s in ok if s.rps)
+    requests = sum(s.requests for s in ok)
+    return {"slices": len(slices), "requests": requests,
+            "rate": round(requests / busy, 1) if busy else None,
+            "p50_ms": percentile(ok, 50), "p99_ms": percentile(ok, 99),
+            "p999_ms": percentile(ok, 99.9), "max_ms": percentile(ok, 100),
+            "errors": [s.error for s in slices if s.error][:3]}
+
+
+def classify(sl: Slice, events: dict[str, float]) -> str:
+    kill, restart, back = events.get("kill"), events.get("restart"), events.get("back")
+    if kill is None or sl.end <= kill:
+        return "before"
+    if sl.start < kill:
+        return "kill"
+    if restart is None or sl.end <= restart:
+        return "during"
+    if back is None or sl.start < back:
+        return "restart"
+    return "after"
+
+
+def measure(servers: list[Any], replicate: int,
+            durations: tuple[float, float, float]) -> dict[str, Any]:
+    """The load on servers[0] while servers[-1] is killed and restarted; phase summaries."""
+    from benchmarks.restart import _myid, _peer_view
+
+    before_s, down_s, after_s = durations
+    victim, peers = servers[-1], servers[:-1]
+    victim_id = _myid(victim.port)
+    command = ["ADDJOB", "dq", "body", "5000", "REPLICATE", str(replicate)]
+    events: dict[str, float] = {}
+    failure: list[str] = []
+    slices: list[Slice] = []
+    stop = threading.Event()
+    t0 = time.monotonic()
+
+    def load() -> None:
+        n = SLICE_FIRST
+        while not stop.is_set():
+            sl = run_slice(servers[0].port, command, t0, n)
+            slices.append(sl)
+            if sl.rps:
+                n = max(SLICE_MIN, min(SLICE_MAX, int(sl.rps * SLICE_S)))
+
+    # The load runs in a thread; the faults in this one, which must outlive the restarted
+    # server: the harness starts servers with PR_SET_PDEATHSIG, and that signal comes when
+    # the *thread* that forked the process ends.
+    loader = threading.Thread(target=load, daemon=True)
+    loader.start()
+
+    def until(t: float) -> None:
+        time.sleep(max(0.0, t - (time.monotonic() - t0)))
+
+    try:
+        until(before_s)
+        assert victim.proc is not None
+        victim.proc.kill()
+        victim.proc.wait()
+        events["kill"] = time.monotonic() - t0
+        until(events["kill"] + down_s)
+        events["restart"] = time.monotonic() - t0
+        victim.start(poll=0.01)
+        deadline = time.monotonic() + 60
+        while not all(_peer_view(p.port, victim_id)[0] for p in peers):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the peers did not see the restarted node in 60 s")
+            time.sleep(0.01)
+        events["back"] = time.monotonic() - t0
+        until(events["back"] + after_s)
+    except Exception as exc:  # reported with the run
+        failure.append(f"{type(exc).__name__}: {exc}")
+    finally:
+        stop.set()
+        loader.join(timeout=180)
+    for sl in slices:
+        sl.phase = classify(sl, events)
+    result: dict[str, Any] = {p: phase_summary([s for s in slices if s.phase == p])
+                              for p in PHASES}
+    result["events_s"] = {k: round(v, 3) for k, v in events.items()}
+    result["slices"] = [asdict(s) | {"points": None, "p99_ms": percentile([s], 99),
+                                     "max_ms": s.points[-1][0] if s.points else None}
+                        for s in slices]
+    if failure:
+        result["error"] = failure[0]
+    b, d = result["before"]["rate"], result["during"]["rate"]
+    result["during_over_before"] = round(d / b, 3) if b and d else None
+    return result
+
+
+def scenario_downnode(workdir: Path, cpus: set[int] | None, say: Any,
+                      original_cmd: list[str] | None = None,
+                      quick: bool = False) -> dict[str, Any]:
+    from benchmarks.run import start_cluster
+
+    durations = QUICK_DURATIONS if quick else DURATIONS
+    out: dict[str, Any] = {"durations_s": list(durations), "slice_s": SLICE_S,
+                           "clients": CLIENTS, "runs": {}}
+    flavors = [("disque", None)] + ([("original", original_cmd)] if original_cmd else [])
+    for nodes, replicate in CONFIGS:
+        key = f"{nodes}n_r{replicate}"
+        out["runs"][key] = {}
+        for flavor, cmd in flavors:
+            servers: list[Any] = []
+            try:
+                servers = start_cluster(workdir / f"downnode-{key}-{flavor}", cpus,
+                                        size=nodes, cmd=cmd, flavor=flavor)
+                r = measure(servers, replicate, durations)
+            except (OSError, RuntimeError) as exc:
+                r = {"error": str(exc)}
+            finally:
+                for s in servers:
+                    with contextlib.suppress(Exception):
+                        s.stop()
+            out["runs"][key][flavor] = r
+            say(f"  downnode {nodes} nodes REPLICATE {replicate} {flavor}: "
+                + _line(r))
+    out["targets"] = targets(out)
+    return out
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+def _cell(phase: dict[str, Any] | None) -> str:
+    """rate, p99 / max ms"""
+    if not phase or phase.get("rate") is None:
+        return "-"
+    return f"{phase['rate']:,.0f}/s {_ms(phase.get('p99_ms'))}/{_ms(phase.get('max_ms'))}"
+
+
+def _line(r: dict[str, Any]) -> str:
+    if "before" not in r:
+        return f"error: {r.get('error')}"
+    ratio = r.get("during_over_before")
+    text = (f"before {_cell(r['before'])} | during {_cell(r['during'])} | after "
+            f"{_cell(r['after'])} | during/before {'-' if ratio is None else f'{ratio:.2f}'}")
+    if r.get("error"):
+        text += f"  ERROR {r['error']}"
+    return text
+
+
+def targets(out: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 25's targets: during >= 0.85 x before (disque-py), during p99 below the
+    original's (when it ran)."""
+    res = []
+    for key, runs in out["runs"].items():
+        ours, orig = runs.get("disque", {}), runs.get("original")
+        ratio = ours.get("during_over_before")
+        res.append({"target": f"{key}: during/before >= {RATE_TARGET}", "value": ratio,
+                    "verdict": "n/a" if ratio is None else
+                    ("PASS" if ratio >= RATE_TARGET else "MISS")})
+        if orig is not None:
+            a = ours.get("during", {}).get("p99_ms")
+            b = orig.get("during", {}).get("p99_ms")
+            res.append({"target": f"{key}: during p99 below the original's", "value": [a, b],
+                        "verdict": "n/a" if a is None or b is None else
+                        ("PASS" if a < b else "MISS")})
+    return res
+
+
+def print_downnode(out: dict[str, Any], say: Any = print) -> None:
+    before_s, down_s, after_s = out["durations_s"]
+    say("")
+    say(f"downnode (ADDJOB dq body 5000 REPLICATE n, {out['clients']} connections to node 0; "
+        f"kill -9 of the last node after {before_s:.0f} s, restarted {down_s:.0f} s later; "
+        f"after: {after_s:.0f} s once its peers see it). Cells: rate, p99/max ms")
+    head = (f"  {'run':<18} {'before':>22} {'kill slice':>22} {'during':>22} "
+            f"{'after':>22} {'during/before':>14}")
+    say(head)
+    for key, runs in out["runs"].items():
+        for flavor, r in runs.items():
+            label = f"{key} {flavor}"
+            if "before" not in r:
+                say(f"  {label:<18} error: {r.get('error')}")
+                continue
+            ratio = r.get("during_over_before")
+            say(f"  {label:<18} {_cell(r['before']):>22} {_cell(r['kill']):>22} "
+                f"{_cell(r['during']):>22} {_cell(r['after']):>22} "
+                f"{'-' if ratio is None else f'{ratio:.2f}':>14}"
+                + (f"  ERROR {r['error']}" if r.get("error") else ""))
+    for t in out.get("targets", []):
+        say(f"  {t['verdict']:<5} {t['target']} ({t['value']})")
