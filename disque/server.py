@@ -1265,6 +1265,9 @@ def main(argv: list[str] | None = None) -> int:
     # or a test harness may already send SIGTERM.
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, server.shutdown)
+    # Over a file-size limit (RLIMIT_FSIZE) an AOF write must fail with EFBIG, which the AOF
+    # handles as a full disk, not kill the process (CPython ignores it too; say it here).
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 
     def started() -> None:
         if cfg.pidfile:

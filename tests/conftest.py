@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 
 from tests.harness import DisqueProcess
+from tests.smalldisk import SmallDisk
+from tests.smalldisk import small_disk as make_small_disk
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -48,3 +50,12 @@ def make_server(tmp_path: Path) -> Iterator:
     finally:
         for p in started:
             p.kill()
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[SmallDisk]:
+    """A small filesystem (2 MB) to fill up: tmpfs, a loop-mounted ext4 image, or a file-size
+    limit on the attached process (tests/smalldisk.py). Request it before make_server or
+    cluster, so that it is unmounted after their processes are killed."""
+    with make_small_disk(tmp_path / "disk") as disk:
+        yield disk

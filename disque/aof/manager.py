@@ -1,6 +1,7 @@
 """AofManager: the AOF's life in the server: load at start, turn on and off at run time,
 rewrite (BGREWRITEAOF, automatic growth, SHUTDOWN REWRITE-AOF), hold replies for
-`appendfsync always`, and report INFO persistence."""
+`appendfsync always`, and report INFO persistence. While the AOF cannot be written the
+cron retries the write until it succeeds, which is the way back to normal."""
 
 from __future__ import annotations
 
@@ -244,8 +245,9 @@ class AofManager:
         aof = self.aof
         if aof is None:
             return
-        if aof.buf and not aof.flush_scheduled:
-            aof.flush()
+        if (aof.buf or aof.last_write_error is not None) and not aof.flush_scheduled:
+            # also the retry of a failed write: its success lets writes in again
+            aof.flush(fsync=aof.policy == "always")
         cfg = self.cfg
         if (self.rewrite is None and aof.fd is not None and cfg.auto_aof_rewrite_percentage
                 and aof.current_size > cfg.auto_aof_rewrite_min_size):
@@ -261,6 +263,8 @@ class AofManager:
         if mode == b"rewrite-aof" and not self.server.loading and not self.rewrite_now():
             return False
         if self.aof is not None:
+            if not self.aof.flush(fsync=True, force=True):
+                return False  # (left open: it keeps retrying, SHUTDOWN can be tried again)
             self.aof.close()
             if self.aof.last_write_error is not None:
                 return False
@@ -309,6 +313,8 @@ class AofManager:
             ("aof_last_bgrewrite_status", "ok" if self.last_bgrewrite_ok else "err"),
             ("aof_last_write_status", "ok" if aof is None or aof.last_write_error is None
              else "err"),
+            ("aof_last_write_error", "" if aof is None else aof.last_write_error or ""),
+            ("aof_write_errors", 0 if aof is None else aof.write_errors),
         ]
         if aof is not None:
             fields += [

@@ -195,12 +195,15 @@ class NodeView:
         return self._server.stat_unknown_commands
 
     def aof(self) -> dict[str, Any]:
-        """AOF size and how long the oldest write not yet fsynced has waited."""
+        """AOF size, how long the oldest write not yet fsynced has waited, whether writing
+        it fails (a full disk) and how many attempts failed."""
         aof = self._server.aofm.aof
         if aof is None:
-            return {"enabled": False, "size": 0, "fsync_lag": 0.0}
+            return {"enabled": False, "size": 0, "fsync_lag": 0.0, "write_ok": True,
+                    "write_errors": 0}
         lag = time.monotonic() - aof.dirty_since if aof.dirty else 0.0
-        return {"enabled": True, "size": aof.current_size, "fsync_lag": max(0.0, lag)}
+        return {"enabled": True, "size": aof.current_size, "fsync_lag": max(0.0, lag),
+                "write_ok": aof.last_write_error is None, "write_errors": aof.write_errors}
 
     # ------------------------------------------------------------------ cluster
     def cluster_nodes(self) -> list[dict[str, Any]]:
