@@ -77,7 +77,7 @@ class Client(asyncio.Protocol):
                  "null_array", "authenticated", "name", "addr", "laddr", "ctime",
                  "last_interaction", "waiter", "pending", "closing", "monitor", "last_cmd",
                  "reply_mode", "lib_name", "lib_ver", "soft_limit_since", "held", "held_bytes",
-                 "aof_held", "write_paused", "in_deferred")
+                 "aof_held", "aof_marks", "write_paused", "in_deferred")
 
     def __init__(self, server: Server) -> None:
         self.server = server
@@ -111,6 +111,9 @@ class Client(asyncio.Protocol):
         self.held: list[bytes] = []
         self.held_bytes = 0
         self.aof_held = False  # replies wait for the AOF fsync (appendfsync always)
+        # (start, end) in `out` of each reply whose command logged to the AOF: -MISCONF in
+        # its place if the write fails (see AofManager.hold)
+        self.aof_marks: list[tuple[int, int]] = []
         self.write_paused = False  # backpressure: the peer does not read its replies
         self.in_deferred = False  # in server.deferred: written at the end of the iteration
 
@@ -196,7 +199,8 @@ class Client(asyncio.Protocol):
         if perr is not None and not self.closing:
             server.log_client_error("protocol", str(perr))
             self.out.append(b"-ERR Protocol error: " + str(perr).encode() + b"\r\n")
-            self.flush()
+            if not server.aofm.hold(self):
+                self.flush()
             self.close()
             return
         if self.out and not server.aofm.hold(self):
@@ -248,6 +252,7 @@ class Client(asyncio.Protocol):
             return
         if self.reply_mode:  # still OFF, or skipping (REPLY ON answers +OK, and is kept)
             del self.out[mark:]
+            self.forget_marks(mark)
             if self.reply_mode == REPLY_SKIPPING:
                 self.reply_mode = REPLY_ON
 
@@ -292,10 +297,28 @@ class Client(asyncio.Protocol):
             self.server.defer_flush(self)
         self.run_held()
 
+    def forget_marks(self, mark: int) -> None:
+        """The replies from `out[mark]` on were taken out of `out` (CLIENT REPLY OFF, an
+        ADDJOB group): their AOF marks go too."""
+        marks = self.aof_marks
+        while marks and marks[-1][0] >= mark:
+            marks.pop()
+
+    def refuse_logged(self, reply: bytes) -> None:
+        """The AOF write of the records this client's commands logged failed: each of
+        those commands answers `reply` (-MISCONF) instead of what it would have."""
+        marks = self.aof_marks
+        out = self.out
+        for start, end in reversed(marks):
+            out[start:end] = [reply]
+        marks.clear()
+
     def flush(self) -> None:
         out = self.out
         if not out or self.aof_held:
             return
+        if self.aof_marks:
+            self.aof_marks.clear()
         data = out[0] if len(out) == 1 else b"".join(out)
         out.clear()
         server = self.server
@@ -628,9 +651,10 @@ class Server:
         """Write the replies of the clients unblocked during this loop iteration."""
         clients = self.deferred
         self.deferred = []
+        hold = self.aofm.hold
         for c in clients:
             c.in_deferred = False
-            if not c.closing and c.transport is not None:
+            if not c.closing and c.transport is not None and not hold(c):
                 c.flush()
 
     def execute(self, c: Client, argv: list[bytes]) -> None:
@@ -670,12 +694,14 @@ class Server:
             cmd.rejected += 1
             c.out.append(LOADING_REPLY)
             return
-        if (cmd.write or cmd.name == "ping") and self.aofm.aof is not None \
-                and self.aofm.aof.last_write_error is not None:
-            cmd.rejected += 1
-            c.out.append(b"-MISCONF Errors writing to the AOF file: "
-                         + self.aofm.aof.last_write_error.encode() + b"\r\n")
-            return
+        aof = self.aofm.aof
+        if aof is not None:
+            if aof.last_write_error is not None and (cmd.write or cmd.name == "ping"):
+                cmd.rejected += 1  # (checklist section 0)
+                c.out.append(self.aofm.misconf() or b"")
+                return
+            mark = len(c.out)
+            logged = aof.appended
         if self.monitors:
             self.feed_monitors(c, argv)
         c.last_cmd = cmd
@@ -690,6 +716,9 @@ class Server:
             log.exception("command.crash", command=cmd.name)
             c.out.append(b"-ERR internal error while running '" + cmd.name.encode()
                          + b"': " + type(exc).__name__.encode() + b"\r\n")
+        if (aof is not None and aof.appended != logged and c.waiter is None
+                and len(c.out) > mark and self.aofm.aof is aof):
+            c.aof_marks.append((mark, len(c.out)))  # its reply waits for the write
         usec = (_perf_ns() - t0) // 1000
         cmd.calls += 1
         cmd.usec += usec

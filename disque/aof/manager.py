@@ -1,7 +1,13 @@
 """AofManager: the AOF's life in the server: load at start, turn on and off at run time,
-rewrite (BGREWRITEAOF, automatic growth, SHUTDOWN REWRITE-AOF), hold replies for
-`appendfsync always`, and report INFO persistence. While the AOF cannot be written the
-cron retries the write until it succeeds, which is the way back to normal."""
+rewrite (BGREWRITEAOF, automatic growth, SHUTDOWN REWRITE-AOF), hold replies until what
+they confirm is written, and report INFO persistence.
+
+A reply never confirms a record that is not in the file: a command that logged something
+(`Client.aof_marks`, noted by the dispatcher) has its reply sent only after the write
+(`hold`: at once under `everysec` and `no`; after the iteration's group fsync under
+`always`), and when that write fails its reply becomes -MISCONF and the jobs it added are
+cancelled (`Node.cancel_adds`). While the AOF cannot be written the dispatcher refuses new
+jobs; the cron retries the write until it succeeds, which is the way back to normal."""
 
 from __future__ import annotations
 
@@ -16,10 +22,15 @@ from disque.aof.loader import AofLoader, AofLoadError
 from disque.aof.writer import AppendOnlyFile, Rewrite
 from disque.config import ConfigSetError, config_rewrite, on_set
 from disque.latency import AOF_REWRITE
+from disque.protocol.errors import aof_write_failed
 
 log = structlog.get_logger("disque.aof")
 
 PROGRESS_EVERY = 3.0  # seconds between "still loading" log lines
+
+
+def misconf_reply(error: str) -> bytes:
+    return aof_write_failed(error).resp()
 
 
 class AofManager:
@@ -96,20 +107,34 @@ class AofManager:
         assert self.server.loop is not None
         self.aof = AppendOnlyFile(self.path, self.cfg.appendfsync, self.server.loop.call_soon,
                                   self.release, wait_rewrite=wait_rewrite,
-                                  latency=self.server.latency)
+                                  latency=self.server.latency, on_failed=self.node.cancel_adds)
         self.aof.no_fsync_on_rewrite = self.cfg.no_appendfsync_on_rewrite
         self.node.persist = self.aof
 
-    # ------------------------------------------------------------------ replies for always
+    # ------------------------------------------------------------------ replies
     def hold(self, client: Any) -> bool:
-        """Called with a client's replies ready: True if they must wait for the fsync."""
+        """Called with a client's replies ready: True if they must wait for the fsync
+        (`always`). Under `everysec` and `no` the records its commands logged are written
+        now, before the replies leave; a failed write turns those commands' replies into
+        -MISCONF."""
         aof = self.aof
-        if aof is None or not aof.flush_scheduled or not aof.hold_replies:
+        marks = client.aof_marks
+        if aof is None:
+            if marks:
+                marks.clear()
             return False
-        if not client.aof_held:
-            client.aof_held = True
-            self.held.append(client)
-        return True
+        if aof.hold_replies:
+            if not aof.flush_scheduled:
+                if marks and aof.last_write_error is not None:
+                    client.refuse_logged(misconf_reply(aof.last_write_error))
+                return False
+            if not client.aof_held:
+                client.aof_held = True
+                self.held.append(client)
+            return True
+        if marks and not aof.flush(force=True):
+            client.refuse_logged(misconf_reply(aof.last_write_error or "unknown error"))
+        return False
 
     def release(self) -> None:
         held = self.held
@@ -117,23 +142,35 @@ class AofManager:
             return
         self.held = []
         aof = self.aof
-        if aof is not None and aof.last_write_error is not None:
-            for c in held:  # never confirm what is not on disk
-                c.aof_held = False
-                if not c.closing:
-                    c.out[:] = [b"-MISCONF Errors writing to the AOF file: "
-                                + aof.last_write_error.encode() + b"\r\n"]
-                    c.flush()
-            return
+        error = aof.last_write_error if aof is not None else None
+        refused = misconf_reply(error) if error is not None else b""
         for c in held:
             c.aof_held = False
+            if error is not None:
+                c.refuse_logged(refused)  # never confirm what is not on disk
             if not c.closing:
                 c.flush()
 
-    def flush_before_send(self) -> None:
+    def flush_before_send(self) -> bool:
+        """Before bus messages leave: write (and fsync under `always`) what they may confirm;
+        False if that failed."""
         aof = self.aof
-        if aof is not None and aof.buf:
-            aof.flush(fsync=aof.policy == "always")
+        if aof is None:
+            return True
+        if aof.buf or aof.last_write_error is not None:
+            return aof.flush(fsync=aof.policy == "always", force=True)
+        return True
+
+    def write_now(self) -> bool:
+        """Write (and fsync under `always`) what was logged, at once (the HTTP door, whose
+        replies cannot be held); False if that failed."""
+        aof = self.aof
+        return aof is None or aof.flush(fsync=aof.policy == "always", force=True)
+
+    def misconf_text(self) -> str:
+        aof = self.aof
+        error = aof.last_write_error if aof is not None else None
+        return str(aof_write_failed(error or "unknown error"))
 
     # ------------------------------------------------------------------ run time
     def _on_appendonly(self, cfg: Any, name: str) -> None:
@@ -159,9 +196,13 @@ class AofManager:
             self.node.persist = None
         self.release()
 
-    def misconf(self) -> str | None:
+    def misconf(self) -> bytes | None:
+        """The -MISCONF reply for a command that would log a change, while the AOF cannot
+        be written; None when it can."""
         aof = self.aof
-        return aof.last_write_error if aof is not None else None
+        if aof is None or aof.last_write_error is None:
+            return None
+        return misconf_reply(aof.last_write_error)
 
     def start_rewrite(self) -> bool:
         """Begin a background rewrite; False if one is running or it cannot start."""

@@ -10,12 +10,16 @@ fsync policies:
   `aof_delayed_fsync` counts it, as Redis does. At most ~1-2 s of writes are at risk.
 - `no`: the kernel decides.
 
-Write errors (a full disk: ENOSPC, EFBIG under a file-size limit, EIO): a write that
-stopped in the middle of a record is cut back to the last whole record (`ftruncate` to
-`current_size`, as Redis does; if even that fails, the written part is dropped from the
-buffer so the retry completes the record), the records stay in the buffer, and every later
-attempt writes them again (with the fsync the policy owes) until one succeeds. Meanwhile `last_write_error` is set: the server refuses writes with
--MISCONF. The cause is logged at most once a second.
+Write errors (a full disk: ENOSPC, EFBIG under a file-size limit, EIO): nothing that is not
+written is confirmed. A write that stopped in the middle of a record is cut back to the
+last whole record (`ftruncate` to `current_size`, as Redis does; if even that fails, the
+written part is dropped from the buffer so the retry completes the record), the records stay
+in the buffer, and every later attempt writes them again (with the fsync the policy owes)
+until one succeeds. Meanwhile `last_write_error` is set: the server refuses new jobs with
+-MISCONF. Jobs this node added (`addjob`) whose record was not written are handed to
+`on_failed`, which cancels them: their clients are answered -MISCONF, never with an ID. Who
+needs to know that what was logged so far is written registers with `confirm`. The cause is
+logged at most once a second.
 
 Rewrite: the registry is walked shard by shard in small steps on the event loop, each job
 written as a LOADJOB to `temp-rewriteaof-bg-<pid>.aof`; records logged meanwhile go to both
@@ -96,6 +100,7 @@ class AppendOnlyFile:
     def __init__(self, path: str, policy: str, call_soon: Callable[[Callable[[], None]], Any],
                  on_flushed: Callable[[], None], wait_rewrite: bool = False,
                  latency: LatencyMonitor | None = None,
+                 on_failed: Callable[[list[Job]], None] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.path = path
         # slow writes and `always` fsyncs are recorded there
@@ -103,6 +108,8 @@ class AppendOnlyFile:
         self.policy = policy
         self.call_soon = call_soon
         self.on_flushed = on_flushed  # releases replies held for `always`
+        # cancels the jobs added here whose LOADJOB could not be written (see flush)
+        self.on_failed = on_failed
         self.clock = clock  # for the once-a-second error log
         # None while the first rewrite creates the file (CONFIG SET appendonly yes): records
         # then only go to the rewrite buffer.
@@ -120,6 +127,11 @@ class AppendOnlyFile:
         self.error_lock = threading.Lock()
         self.write_errors = 0  # failed write or fsync attempts since start (INFO)
         self.error_logged_at = -ERROR_LOG_INTERVAL
+        self.appended = 0  # records logged so far: a command compares it to see if it logged
+        # Jobs added by this node (`addjob`) whose record is not confirmed yet (written, and
+        # fsynced under `always`): cancelled if that fails, as their clients are told.
+        self.unconfirmed: list[Job] = []
+        self.waiters: list[Callable[[bool], None]] = []  # see confirm()
         self.delayed_fsync = 0
         self.postponed_since = 0.0
         # rewrite state
@@ -142,6 +154,12 @@ class AppendOnlyFile:
     def loadjob(self, job: Job) -> None:
         self.append(loadjob_record(job))
 
+    def addjob(self, job: Job) -> None:
+        """A job this node just created for a client (ADDJOB, ADDJOBS): its LOADJOB, and
+        the job is cancelled if that record cannot be written."""
+        self.unconfirmed.append(job)
+        self.append(loadjob_record(job))
+
     def deljob(self, job_id: bytes) -> None:
         self.append(deljob_record(job_id))
 
@@ -149,6 +167,7 @@ class AppendOnlyFile:
         self.append(ackjob_record(job))
 
     def append(self, record: bytes) -> None:
+        self.appended += 1
         if self.fd is not None:
             self.buf += record
         if self.rewrite_buf is not None:
@@ -173,10 +192,27 @@ class AppendOnlyFile:
             self.fsync_error = error
             self.last_write_error = self.write_error or error
 
+    def pending(self) -> bool:
+        """Whether something logged is not confirmed yet (see confirm)."""
+        return bool(self.buf) or self.last_write_error is not None or (
+            self.policy == "always" and self.dirty and not self.skip_fsync())
+
+    def confirm(self, waiter: Callable[[bool], None]) -> None:
+        """Call `waiter(True)` once everything logged so far is written (and fsynced under
+        `always`), `waiter(False)` if that fails (the records then wait for a retry)."""
+        if not self.pending():
+            waiter(True)
+            return
+        self.waiters.append(waiter)
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            self.call_soon(self.flush_and_release)
+
     # ------------------------------------------------------------------ writing
     def flush_and_release(self) -> None:
         self.flush_scheduled = False
-        self.flush(fsync=self.policy == "always")
+        # someone waits for these records (a reply, a GOTJOB): no postponing behind a fsync
+        self.flush(fsync=self.policy == "always", force=bool(self.waiters))
         self.on_flushed()
 
     def flush(self, fsync: bool = False, force: bool = False) -> bool:
@@ -229,6 +265,8 @@ class AppendOnlyFile:
                 self.set_fsync_error(None)
         if failing and self.last_write_error is None:
             log.warning("aof.write_recovered", path=self.path, failed_attempts=self.write_errors)
+        if not self.buf and (self.policy != "always" or not self.dirty or self.skip_fsync()):
+            self.confirmed()
         return True
 
     def cut_partial(self, written: int) -> None:
@@ -253,7 +291,8 @@ class AppendOnlyFile:
             self.dirty = True
 
     def failed(self, op: str, exc: OSError, cut: int = 0) -> None:
-        """A write or fsync failed: log it (once a second at most)."""
+        """A write or fsync failed: log it (once a second at most), cancel the jobs added
+        here that were not confirmed, tell the waiters."""
         self.write_errors += 1
         now = self.clock()
         if now - self.error_logged_at >= ERROR_LOG_INTERVAL:
@@ -261,6 +300,25 @@ class AppendOnlyFile:
             log.warning("aof.write_failed", op=op, error=exc.strerror or str(exc),
                         errno=exc.errno, path=self.path, pending_bytes=len(self.buf),
                         partial_write_bytes=cut, failed_attempts=self.write_errors)
+        jobs = self.unconfirmed
+        if jobs:
+            self.unconfirmed = []
+            if self.on_failed is not None:
+                self.on_failed(jobs)
+        waiters = self.waiters
+        if waiters:
+            self.waiters = []
+            for w in waiters:
+                w(False)
+
+    def confirmed(self) -> None:
+        if self.unconfirmed:
+            self.unconfirmed.clear()
+        waiters = self.waiters
+        if waiters:
+            self.waiters = []
+            for w in waiters:
+                w(True)
 
     def start_fsync_thread(self) -> None:
         self.thread = threading.Thread(target=self._fsync_loop, name="aof-fsync",
@@ -336,6 +394,7 @@ class AppendOnlyFile:
                         failed_attempts=self.write_errors)
         self.set_write_error(None)
         self.set_fsync_error(None)
+        self.confirmed()
 
 
 def write_snapshot(jobs: Any, fd: int, start: int, budget: int) -> tuple[int, int]:

@@ -59,7 +59,7 @@ class InternalClient:
     __slots__ = ("server", "node", "id", "out", "proto", "null_bulk", "null_array",
                  "authenticated", "name", "addr", "laddr", "waiter", "closing", "monitor",
                  "last_cmd", "reply_mode", "lib_name", "lib_ver", "transport", "ctime",
-                 "last_interaction")
+                 "last_interaction", "aof_marks")
 
     def __init__(self, server: Any, addr: str) -> None:
         self.server = server
@@ -82,6 +82,7 @@ class InternalClient:
         self.lib_ver = b""
         self.transport: Any = None
         self.ctime = self.last_interaction = time.monotonic()
+        self.aof_marks: list[tuple[int, int]] = []  # set when the command logged to the AOF
 
     def block(self, waiter: Any) -> None:  # pragma: no cover - ALLOWED commands never block
         raise RuntimeError("the HTTP side runs no blocking command")
@@ -160,6 +161,9 @@ class NodeView:
             raise CommandFailed(f"ERR command not available over HTTP: {_text(argv[:1])}")
         c = InternalClient(self._server, addr)
         self._server.execute(c, argv)
+        if c.aof_marks and not self._server.aofm.write_now():
+            # an ACK or a deletion whose record could not be written: not confirmed
+            raise CommandFailed(self._server.aofm.misconf_text())
         reader = hiredis.Reader()
         reader.feed(b"".join(c.out))
         reply = reader.gets()

@@ -509,6 +509,8 @@ class Recorder:
     def loadjob(self, job: Job) -> None:
         self.records.append(loadjob_record(job))
 
+    addjob = loadjob
+
     def ackjob(self, job: Job) -> None:
         self.records.append(ackjob_record(job))
 

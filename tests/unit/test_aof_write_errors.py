@@ -2,8 +2,9 @@
 filesystem (tests/smalldisk.py), no server and no event loop (`call_soon` only collects).
 
 A write that stops in the middle of a record is cut back to the last whole record; the
-records stay in the buffer and a later attempt writes them whole; the cause is logged at
-most once a second (the clock is injected).
+records stay in the buffer and a later attempt writes them whole; the jobs added meanwhile
+are handed to `on_failed`, the `confirm` waiters are told; the cause is logged at most once
+a second (the clock is injected). Under `always` nothing is confirmed before its fsync.
 
 Under a file-size limit (the fallback kind) the limit is set on this process for the length
 of a test: structlog output is captured (`capture_logs`), so nothing else writes meanwhile.
@@ -99,6 +100,35 @@ def test_a_write_stopped_mid_record_is_cut_back_and_later_written_whole(
     aof.close()
 
 
+def test_jobs_added_whose_record_was_not_written_are_cancelled_and_waiters_told(
+        disk: SmallDisk) -> None:
+    cancelled: list[Job] = []
+    aof = new_aof(disk.path, on_failed=cancelled.extend)
+    disk.fill(leave=0)
+    told: list[bool] = []
+    with capture_logs():
+        added = job(1)
+        aof.addjob(added)
+        aof.loadjob(job(2))  # a copy held for another node: not this node's to cancel
+        aof.confirm(told.append)
+        assert not aof.flush()
+        assert cancelled == [added] and told == [False]
+        assert aof.pending()  # the records wait for the retry
+
+        again: list[bool] = []
+        aof.confirm(again.append)
+        assert not aof.flush()
+        assert again == [False] and cancelled == [added]  # cancelled once
+        disk.free()
+        aof.confirm(again.append)
+        assert aof.flush() and again == [False, True]
+        assert not aof.pending()
+        told.clear()
+        aof.confirm(told.append)  # nothing pending: at once
+        assert told == [True]
+    aof.close()
+
+
 def test_a_failing_aof_is_logged_at_most_once_a_second(disk: SmallDisk) -> None:
     now = [0.0]
     aof = new_aof(disk.path, clock=lambda: now[0])
@@ -117,6 +147,18 @@ def test_a_failing_aof_is_logged_at_most_once_a_second(disk: SmallDisk) -> None:
         disk.free()
         assert aof.flush()
         assert [e["event"] for e in logs].count("aof.write_recovered") == 1
+    aof.close()
+
+
+def test_under_always_nothing_is_confirmed_before_its_fsync(tmp_path: Path) -> None:
+    aof = new_aof(tmp_path, "always")
+    told: list[bool] = []
+    aof.addjob(job(1))
+    aof.confirm(told.append)
+    assert aof.flush(fsync=False)  # written, not fsynced
+    assert told == [] and aof.pending() and aof.unconfirmed
+    assert aof.flush(fsync=True)
+    assert told == [True] and not aof.pending() and not aof.unconfirmed
     aof.close()
 
 
