@@ -696,8 +696,10 @@ class Server:
             return
         aof = self.aofm.aof
         if aof is not None:
-            if aof.last_write_error is not None and (cmd.write or cmd.name == "ping"):
-                cmd.rejected += 1  # (checklist section 0)
+            if aof.last_write_error is not None and (cmd.logs or cmd.name == "ping"):
+                # a new job now could only be refused after the fact; PING tells health
+                # checks, as in Redis and the original (checklist section 0)
+                cmd.rejected += 1
                 c.out.append(self.aofm.misconf() or b"")
                 return
             mark = len(c.out)

@@ -224,7 +224,7 @@ def deadletter_policy(node: Any, queue: bytes, o: AddJobOptions) -> DeadLetter |
 _NO_OPTIONS = AddJobOptions()  # shared, never modified: plain `ADDJOB q body timeout`
 
 
-@command("addjob", -4, "write denyoom fast")
+@command("addjob", -4, "write denyoom fast", logs=True)
 def cmd_addjob(c: Any, argv: list[bytes]) -> None:
     o = _NO_OPTIONS if len(argv) == 4 else parse_addjob_options(argv, 4, len(argv))
     timeout = 0 if argv[3] == b"0" else timeout_arg(argv[3])
@@ -235,7 +235,7 @@ def cmd_addjob(c: Any, argv: list[bytes]) -> None:
         c.block(res)
 
 
-@command("addjobs", -5, "write denyoom")
+@command("addjobs", -5, "write denyoom", logs=True)
 def cmd_addjobs(c: Any, argv: list[bytes]) -> None:
     """ADDJOBS queue ms-timeout [options] [WITHDEDUP] JOBS body [body ...]: many jobs with
     the same options, replicated together; one reply per job, in order (its ID, or its
@@ -568,7 +568,7 @@ def cmd_working(c: Any, argv: list[bytes]) -> None:
     c.out.append(integer(c.node.working(argv[1])))
 
 
-@command("loadjob", 2, "write")
+@command("loadjob", 2, "write", logs=True)
 def cmd_loadjob(c: Any, argv: list[bytes]) -> None:
     raise err("LOADJOB is a special command only processed from AOF")
 
@@ -615,7 +615,7 @@ def deadletter_fields(dl: DeadLetter) -> list[Any]:
 
 
 # ---------------------------------------------------------------------------- REDRIVE
-@command("redrive", -2, "write denyoom")
+@command("redrive", -2, "write denyoom", logs=True)
 def cmd_redrive(c: Any, argv: list[bytes]) -> None:
     """REDRIVE dead-letter-queue [COUNT n] [RATE jobs-per-second] [RESET] [ID id ...]:
     dead jobs queued here back to their source queues, by a task moving RATE a second
