@@ -353,6 +353,11 @@ class Node(ClusterJobs):
             self.persist.deljob(job.id)
         self.unregister(job)
 
+    def persist_failing(self) -> bool:
+        """The AOF cannot be written (a full disk): no new job nor copy is taken here."""
+        persist = self.persist
+        return persist is not None and persist.last_write_error is not None
+
     def cancel_adds(self, jobs: list[Job]) -> None:
         """New jobs whose LOADJOB could not be written to the AOF (a full disk): their
         clients are told the ADDJOB failed, so they go, here and on the nodes that got a

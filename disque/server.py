@@ -35,7 +35,7 @@ from disque.aof.loader import AofLoadError
 from disque.aof.manager import AofManager
 from disque.cluster.bus import Bus
 from disque.cluster.membership import Membership, new_node_id
-from disque.cluster.messages import INCARNATION_BITS
+from disque.cluster.messages import INCARNATION_BITS, GotJob, GotJobBatch
 from disque.cluster.nodes import NodesConfError, parse_nodes_conf
 from disque.commands import TABLE, Command, load_all, wrong_arity
 from disque.config import (
@@ -945,7 +945,9 @@ class Server:
         if not out:
             return
         self.node.out = []
-        self.aofm.flush_before_send()
+        if not self.aofm.flush_before_send():
+            # what they would confirm is not on disk: the sender tries another node
+            out = [(n, m) for n, m in out if m.__class__ not in CONFIRMS_COPY]
         get = self.membership.get
         for node_id, msg in out:
             n = get(node_id)
@@ -1198,6 +1200,10 @@ Any directive of the config file can be given as an option, overriding the file:
        disque-server conf/disque.conf --port 7712 --dir /tmp/n2 --loglevel verbose
 """
 
+
+# Bus messages that tell the sender a copy is held here: not sent when its record could
+# not be written to the AOF.
+CONFIRMS_COPY = (GotJob, GotJobBatch)
 
 RESERVED_FDS = 32  # listeners, bus links, the AOF, logs: descriptors that are not clients
 

@@ -152,8 +152,8 @@ class AofManager:
                 c.flush()
 
     def flush_before_send(self) -> bool:
-        """Before bus messages leave: write (and fsync under `always`) what they may confirm;
-        False if that failed."""
+        """Before bus messages leave: write (and fsync under `always`) what they may confirm.
+        False if that failed: the caller then sends no GOTJOB."""
         aof = self.aof
         if aof is None:
             return True

@@ -424,7 +424,8 @@ def test_delayed_at_most_once_job_delivered_before_a_restart_is_not_queued_again
     sim = Sim()
     loadjobs: list[bytes] = []  # each LOADJOB payload exactly as the AOF would store it
     log = lambda job: loadjobs.append(serialize_job(job))  # noqa: E731
-    sim.node.persist = SimpleNamespace(loadjob=log, addjob=log, deljob=lambda job_id: None)
+    sim.node.persist = SimpleNamespace(loadjob=log, addjob=log, deljob=lambda job_id: None,
+                                       last_write_error=None)
     job = sim.add(body=b"once", replicate=1, ttl=600, retry=0, delay=2)  # RETRY 0 DELAY 2
     sim.advance(2100)
     assert job.state == QUEUED
