@@ -27,10 +27,21 @@ from disque.protocol.errors import aof_write_failed
 log = structlog.get_logger("disque.aof")
 
 PROGRESS_EVERY = 3.0  # seconds between "still loading" log lines
+REWRITE_LIMIT_AFTER = 3  # failed rewrites in a row before automatic ones are spaced out
+REWRITE_DELAY_MAX = 3600.0  # longest wait between two automatic attempts (1 min, doubling)
 
 
 def misconf_reply(error: str) -> bytes:
     return aof_write_failed(error).resp()
+
+
+def rewrite_backoff(failures: int) -> float:
+    """How long automatic rewrites wait after `failures` failed ones in a row: not at all
+    before REWRITE_LIMIT_AFTER, then 1 minute, doubling up to an hour, as Redis 7 does
+    (each attempt on a full disk would fill it again). BGREWRITEAOF never waits."""
+    if failures < REWRITE_LIMIT_AFTER:
+        return 0.0
+    return min(60.0 * 2 ** (failures - REWRITE_LIMIT_AFTER), REWRITE_DELAY_MAX)
 
 
 class AofManager:
@@ -44,6 +55,8 @@ class AofManager:
         self.rewrite_scheduled = False
         self.last_bgrewrite_ok = True
         self.last_rewrite_time = -1
+        self.rewrite_failures = 0  # in a row (INFO aof_rewrites_consecutive_failures)
+        self.rewrite_failed_at = 0.0
         self.loader: AofLoader | None = None
         on_set(self.cfg, "appendonly", self._on_appendonly)
         on_set(self.cfg, "appendfsync", self._on_appendfsync)
@@ -244,9 +257,14 @@ class AofManager:
         self.last_rewrite_time = int(time.monotonic() - self.rewrite_started)
         self.rewrite = None
         if ok:
+            self.rewrite_failures = 0
             log.info("aof.rewrite_done", path=self.path, seconds=self.last_rewrite_time)
         else:
-            log.warning("aof.rewrite_failed", error=reason)
+            # the temporary file is gone and the AOF is the one it was before
+            self.rewrite_failures += 1
+            self.rewrite_failed_at = time.monotonic()
+            log.warning("aof.rewrite_failed", error=reason, path=self.path,
+                        failures_in_a_row=self.rewrite_failures)
         if self.rewrite_scheduled and self.aof is not None:
             # CONFIG SET dir during a rewrite: the AOF has yet to be written in the new dir
             assert self.server.loop is not None
@@ -282,6 +300,11 @@ class AofManager:
             return False
         return ok[0]
 
+    def rewrite_limited(self) -> bool:
+        """Whether automatic rewrites still wait after failed ones (rewrite_backoff)."""
+        delay = rewrite_backoff(self.rewrite_failures)
+        return bool(delay) and time.monotonic() - self.rewrite_failed_at < delay
+
     def cron(self) -> None:
         aof = self.aof
         if aof is None:
@@ -291,7 +314,8 @@ class AofManager:
             aof.flush(fsync=aof.policy == "always")
         cfg = self.cfg
         if (self.rewrite is None and aof.fd is not None and cfg.auto_aof_rewrite_percentage
-                and aof.current_size > cfg.auto_aof_rewrite_min_size):
+                and aof.current_size > cfg.auto_aof_rewrite_min_size
+                and not self.rewrite_limited()):
             base = aof.base_size or 1
             growth = (aof.current_size - base) * 100 // base
             if growth >= cfg.auto_aof_rewrite_percentage:
@@ -352,6 +376,7 @@ class AofManager:
             ("aof_current_rewrite_time_sec",
              int(time.monotonic() - self.rewrite_started) if rewriting else -1),
             ("aof_last_bgrewrite_status", "ok" if self.last_bgrewrite_ok else "err"),
+            ("aof_rewrites_consecutive_failures", self.rewrite_failures),
             ("aof_last_write_status", "ok" if aof is None or aof.last_write_error is None
              else "err"),
             ("aof_last_write_error", "" if aof is None else aof.last_write_error or ""),

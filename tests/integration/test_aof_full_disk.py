@@ -18,7 +18,7 @@ import pytest
 
 from disque.aof import check
 from tests.harness import DisqueProcess, wait_for
-from tests.integration.resp import Conn, info, pairs
+from tests.integration.resp import Conn, Status, info, pairs
 from tests.smalldisk import SmallDisk
 
 MISCONF = b"-MISCONF Errors writing to the AOF file: "
@@ -173,3 +173,33 @@ def test_a_full_disk_refuses_new_jobs_serves_reads_and_loses_no_acknowledged_job
     for gone in (acked_early, taken):  # acknowledged: absent, or kept as an acknowledgement
         assert held.get(gone) is None
 
+
+def test_a_rewrite_on_a_full_disk_fails_and_leaves_the_old_aof_intact(
+        small_disk: SmallDisk, make_server: Any) -> None:
+    disk = small_disk
+    p = start_on(disk, make_server, "--auto-aof-rewrite-percentage", "0")
+    c = Conn(p.port)
+    ids = [str(c.cmd("ADDJOB", "q", f"{i}-{PAD}", 0)) for i in range(500)]
+    aof = disk.path / "disque.aof"
+    wait_for(lambda: info(c, "persistence")["aof_buffer_length"] == "0", what="AOF written")
+    old = aof.read_bytes()
+
+    disk.room_for_new_file(len(old) // 2)  # not enough for a rewritten copy of the file
+    assert isinstance(c.cmd("BGREWRITEAOF"), Status)
+    wait_for(lambda: info(c, "persistence")["aof_rewrite_in_progress"] == "0",
+             what="the rewrite to end")
+    state = info(c, "persistence")
+    assert state["aof_last_bgrewrite_status"] == "err"
+    assert state["aof_rewrites_consecutive_failures"] == "1"
+    assert aof.read_bytes() == old  # untouched
+    assert not [f for f in disk.path.iterdir() if f.name.startswith("temp-rewriteaof")]
+    assert p.alive() and c.cmd("QLEN", "q") == len(ids)
+
+    disk.free()
+    assert isinstance(c.cmd("BGREWRITEAOF"), Status)
+    wait_for(lambda: info(c, "persistence")["aof_last_bgrewrite_status"] == "ok",
+             what="a rewrite once space is back")
+    assert info(c, "persistence")["aof_rewrites_consecutive_failures"] == "0"
+    p.kill()
+    restart(p, disk)
+    assert set(bodies_of(Conn(p.port))) == set(ids)

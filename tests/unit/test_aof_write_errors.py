@@ -5,6 +5,7 @@ A write that stops in the middle of a record is cut back to the last whole recor
 records stay in the buffer and a later attempt writes them whole; the jobs added meanwhile
 are handed to `on_failed`, the `confirm` waiters are told; the cause is logged at most once
 a second (the clock is injected). Under `always` nothing is confirmed before its fsync.
+After failed rewrites in a row, automatic ones back off (`rewrite_backoff`).
 
 Under a file-size limit (the fallback kind) the limit is set on this process for the length
 of a test: structlog output is captured (`capture_logs`), so nothing else writes meanwhile.
@@ -22,6 +23,7 @@ from structlog.testing import capture_logs
 
 from disque.aof import check
 from disque.aof.format import parse_record
+from disque.aof.manager import rewrite_backoff
 from disque.aof.writer import AppendOnlyFile, Rewrite
 from disque.jobs.job import ACTIVE, Job
 from disque.jobs.serialize import deserialize_job
@@ -191,3 +193,8 @@ def test_a_cut_write_after_a_rewrite_leaves_no_hole_in_the_aof(disk: SmallDisk) 
     assert check.scan(aof.path)[1:] == (len(data), None)
     assert ids_in(aof.path)[10:] == [j.id for j in jobs]
     aof.close()
+
+
+def test_automatic_rewrites_back_off_after_three_failures_in_a_row() -> None:
+    assert [rewrite_backoff(n) for n in range(11)] == [
+        0, 0, 0, 60, 120, 240, 480, 960, 1920, 3600, 3600]
