@@ -312,6 +312,11 @@ class AofManager:
         if (aof.buf or aof.last_write_error is not None) and not aof.flush_scheduled:
             # also the retry of a failed write: its success lets writes in again
             aof.flush(fsync=aof.policy == "always")
+        if aof.fd is None and self.rewrite is None and not self.rewrite_limited():
+            # CONFIG SET appendonly yes: its first rewrite failed (a full disk); what was
+            # logged meanwhile went with it, but a new one writes the state as it is now
+            self.start_rewrite()
+            return
         cfg = self.cfg
         if (self.rewrite is None and aof.fd is not None and cfg.auto_aof_rewrite_percentage
                 and aof.current_size > cfg.auto_aof_rewrite_min_size

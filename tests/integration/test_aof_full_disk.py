@@ -203,3 +203,28 @@ def test_a_rewrite_on_a_full_disk_fails_and_leaves_the_old_aof_intact(
     p.kill()
     restart(p, disk)
     assert set(bodies_of(Conn(p.port))) == set(ids)
+
+
+def test_appendonly_turned_on_over_a_full_disk_retries_its_first_rewrite(
+        small_disk: SmallDisk, make_server: Any) -> None:
+    """CONFIG SET appendonly yes starts the AOF with a rewrite; on a full disk that rewrite
+    fails and the node stays in wait-rewrite, trying again, until the AOF exists."""
+    disk = small_disk
+    p = make_server(args=["--dir", str(disk.path)])
+    assert p.proc is not None
+    disk.attach(p.proc.pid)
+    c = Conn(p.port)
+    ids = {str(c.cmd("ADDJOB", "q", f"{i}-{PAD}", 0)) for i in range(200)}
+    disk.room_for_new_file(10_000)  # not enough for the 80 KB of jobs
+    assert c.cmd("CONFIG", "SET", "appendonly", "yes") == "OK"
+    wait_for(lambda: info(c, "persistence")["aof_last_bgrewrite_status"] == "err",
+             what="the first rewrite to fail")
+    assert info(c, "persistence")["aof_state"] == "wait-rewrite"
+    ids.add(str(c.cmd("ADDJOB", "q", "meanwhile", 0)))
+    disk.free()
+    wait_for(lambda: info(c, "persistence")["aof_state"] == "on", timeout=30,
+             what="a new rewrite to write the AOF once space is back")
+    p.kill()
+    p.args += ["--appendonly", "yes"]
+    restart(p, disk)
+    assert set(bodies_of(Conn(p.port))) == ids
