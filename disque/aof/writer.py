@@ -1,13 +1,14 @@
-"""AppendOnlyFile: buffers records, writes them once per loop iteration, fsyncs by policy,
-and rewrites the file from the live state.
+"""AppendOnlyFile: buffers records, writes them before a reply or a GOTJOB confirms them
+(else once per loop iteration), fsyncs by policy, and rewrites the file from the live state.
 
 fsync policies:
 - `always`: replies of commands that logged something are held until the records are
   written and fsynced; one write + one fsync per loop iteration serves every client of that
   iteration (group commit).
-- `everysec`: a background thread fsyncs once a second; the loop never waits on the disk.
-  If the previous fsync is still running after 2 s (a slow disk), the write goes ahead and
-  `aof_delayed_fsync` counts it, as Redis does. At most ~1-2 s of writes are at risk.
+- `everysec`: a background thread fsyncs once a second. A write that something waits for
+  (a reply, a GOTJOB) is done at once, even while that fsync runs; any other write waits
+  for it, up to 2 s (a slow disk), then goes ahead and `aof_delayed_fsync` counts it, as
+  Redis does. A killed process loses nothing confirmed; a machine crash, at most ~1-2 s.
 - `no`: the kernel decides.
 
 Write errors (a full disk: ENOSPC, EFBIG under a file-size limit, EIO): nothing that is not
@@ -19,7 +20,9 @@ until one succeeds. Meanwhile `last_write_error` is set: the server refuses new 
 -MISCONF. Jobs this node added (`addjob`) whose record was not written are handed to
 `on_failed`, which cancels them: their clients are answered -MISCONF, never with an ID. Who
 needs to know that what was logged so far is written registers with `confirm`. The cause is
-logged at most once a second.
+logged at most once a second. A failed fsync is retried the same way and, as in Redis, its
+later success counts as recovery, although after an I/O error Linux may have dropped pages
+the failed fsync did not write: an EIO is worth a look at the disk and disque-check-aof.
 
 Rewrite: the registry is walked shard by shard in small steps on the event loop, each job
 written as a LOADJOB to `temp-rewriteaof-bg-<pid>.aof`; records logged meanwhile go to both
