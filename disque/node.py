@@ -358,6 +358,27 @@ class Node(ClusterJobs):
             self.persist.deljob(job.id)
         self.unregister(job)
 
+    def persist_failing(self) -> bool:
+        """The AOF cannot be written (a full disk): no new job nor copy is taken here."""
+        persist = self.persist
+        return persist is not None and persist.last_write_error is not None
+
+    def cancel_adds(self, jobs: list[Job]) -> None:
+        """New jobs whose LOADJOB could not be written to the AOF (a full disk): their
+        clients are told the ADDJOB failed, so they go, here and on the nodes that got a
+        copy, and their DEDUP keys with them (a retry must be able to add the job).
+        Acknowledged meanwhile: kept, the ack is logged as any other."""
+        gone = set()
+        for job in jobs:
+            if self.lookup_job(job.id) is job and job.state in (ACTIVE, QUEUED):
+                self.delete_everywhere(job)
+                gone.add(job.id)
+        if gone and self.dedup:
+            for full, (job_id, _) in list(self.dedup.items()):
+                if job_id in gone:
+                    del self.dedup[full]
+                    self.mem_used -= DEDUP_MEMORY + len(full)
+
     # ------------------------------------------------------------------ queues
     def lookup_queue(self, name: bytes) -> Queue | None:
         return self._qshards[hash(name) & self._qmask].get(name)
@@ -547,7 +568,7 @@ class Node(ClusterJobs):
             job.qtime = now  # due: the first queueing below
             self.enqueue(job, now)
         if self.persist is not None:
-            self.persist.loadjob(job)
+            self.persist.addjob(job)
         return job
 
     def _add_replicated(self, job: Job, linked: tuple[bytes, ...], needed: int,
@@ -606,7 +627,7 @@ class Node(ClusterJobs):
             job.qtime = now
             self.enqueue(job, now)
         if self.persist is not None:
-            self.persist.loadjob(job)
+            self.persist.addjob(job)
 
     def load_job(self, job: Job, enqueue_queued: bool) -> bool:
         """Restore a job read from the AOF (a LOADJOB record); False if it is skipped.

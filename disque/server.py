@@ -35,7 +35,7 @@ from disque.aof.loader import AofLoadError
 from disque.aof.manager import AofManager
 from disque.cluster.bus import Bus
 from disque.cluster.membership import Membership, new_node_id
-from disque.cluster.messages import INCARNATION_BITS
+from disque.cluster.messages import INCARNATION_BITS, GotJob, GotJobBatch
 from disque.cluster.nodes import NodesConfError, parse_nodes_conf
 from disque.commands import TABLE, Command, load_all, wrong_arity
 from disque.config import (
@@ -77,7 +77,7 @@ class Client(asyncio.Protocol):
                  "null_array", "authenticated", "name", "addr", "laddr", "ctime",
                  "last_interaction", "waiter", "pending", "closing", "monitor", "last_cmd",
                  "reply_mode", "lib_name", "lib_ver", "soft_limit_since", "held", "held_bytes",
-                 "aof_held", "write_paused", "in_deferred")
+                 "aof_held", "aof_marks", "write_paused", "in_deferred")
 
     def __init__(self, server: Server) -> None:
         self.server = server
@@ -111,6 +111,9 @@ class Client(asyncio.Protocol):
         self.held: list[bytes] = []
         self.held_bytes = 0
         self.aof_held = False  # replies wait for the AOF fsync (appendfsync always)
+        # (start, end) in `out` of each reply whose command logged to the AOF: -MISCONF in
+        # its place if the write fails (see AofManager.hold)
+        self.aof_marks: list[tuple[int, int]] = []
         self.write_paused = False  # backpressure: the peer does not read its replies
         self.in_deferred = False  # in server.deferred: written at the end of the iteration
 
@@ -196,7 +199,8 @@ class Client(asyncio.Protocol):
         if perr is not None and not self.closing:
             server.log_client_error("protocol", str(perr))
             self.out.append(b"-ERR Protocol error: " + str(perr).encode() + b"\r\n")
-            self.flush()
+            if not server.aofm.hold(self):
+                self.flush()
             self.close()
             return
         if self.out and not server.aofm.hold(self):
@@ -248,6 +252,7 @@ class Client(asyncio.Protocol):
             return
         if self.reply_mode:  # still OFF, or skipping (REPLY ON answers +OK, and is kept)
             del self.out[mark:]
+            self.forget_marks(mark)
             if self.reply_mode == REPLY_SKIPPING:
                 self.reply_mode = REPLY_ON
 
@@ -292,10 +297,28 @@ class Client(asyncio.Protocol):
             self.server.defer_flush(self)
         self.run_held()
 
+    def forget_marks(self, mark: int) -> None:
+        """The replies from `out[mark]` on were taken out of `out` (CLIENT REPLY OFF, an
+        ADDJOB group): their AOF marks go too."""
+        marks = self.aof_marks
+        while marks and marks[-1][0] >= mark:
+            marks.pop()
+
+    def refuse_logged(self, reply: bytes) -> None:
+        """The AOF write of the records this client's commands logged failed: each of
+        those commands answers `reply` (-MISCONF) instead of what it would have."""
+        marks = self.aof_marks
+        out = self.out
+        for start, end in reversed(marks):
+            out[start:end] = [reply]
+        marks.clear()
+
     def flush(self) -> None:
         out = self.out
         if not out or self.aof_held:
             return
+        if self.aof_marks:
+            self.aof_marks.clear()
         data = out[0] if len(out) == 1 else b"".join(out)
         out.clear()
         server = self.server
@@ -626,9 +649,10 @@ class Server:
         """Write the replies of the clients unblocked during this loop iteration."""
         clients = self.deferred
         self.deferred = []
+        hold = self.aofm.hold
         for c in clients:
             c.in_deferred = False
-            if not c.closing and c.transport is not None:
+            if not c.closing and c.transport is not None and not hold(c):
                 c.flush()
 
     def execute(self, c: Client, argv: list[bytes]) -> None:
@@ -668,12 +692,16 @@ class Server:
             cmd.rejected += 1
             c.out.append(LOADING_REPLY)
             return
-        if (cmd.write or cmd.name == "ping") and self.aofm.aof is not None \
-                and self.aofm.aof.last_write_error is not None:
-            cmd.rejected += 1
-            c.out.append(b"-MISCONF Errors writing to the AOF file: "
-                         + self.aofm.aof.last_write_error.encode() + b"\r\n")
-            return
+        aof = self.aofm.aof
+        if aof is not None:
+            if aof.last_write_error is not None and (cmd.logs or cmd.name == "ping"):
+                # a new job now could only be refused after the fact; PING tells health
+                # checks, as in Redis and the original (checklist section 0)
+                cmd.rejected += 1
+                c.out.append(self.aofm.misconf() or b"")
+                return
+            mark = len(c.out)
+            logged = aof.appended
         if self.monitors:
             self.feed_monitors(c, argv)
         c.last_cmd = cmd
@@ -688,6 +716,9 @@ class Server:
             log.exception("command.crash", command=cmd.name)
             c.out.append(b"-ERR internal error while running '" + cmd.name.encode()
                          + b"': " + type(exc).__name__.encode() + b"\r\n")
+        if (aof is not None and aof.appended != logged and c.waiter is None
+                and len(c.out) > mark and self.aofm.aof is aof):
+            c.aof_marks.append((mark, len(c.out)))  # its reply waits for the write
         usec = (_perf_ns() - t0) // 1000
         cmd.calls += 1
         cmd.usec += usec
@@ -912,7 +943,9 @@ class Server:
         if not out:
             return
         self.node.out = []
-        self.aofm.flush_before_send()
+        if not self.aofm.flush_before_send():
+            # what they would confirm is not on disk: the sender tries another node
+            out = [(n, m) for n, m in out if m.__class__ not in CONFIRMS_COPY]
         get = self.membership.get
         for node_id, msg in out:
             n = get(node_id)
@@ -1166,6 +1199,10 @@ Any directive of the config file can be given as an option, overriding the file:
 """
 
 
+# Bus messages that tell the sender a copy is held here: not sent when its record could
+# not be written to the AOF.
+CONFIRMS_COPY = (GotJob, GotJobBatch)
+
 RESERVED_FDS = 32  # listeners, bus links, the AOF, logs: descriptors that are not clients
 
 
@@ -1263,6 +1300,9 @@ def main(argv: list[str] | None = None) -> int:
     # or a test harness may already send SIGTERM.
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, server.shutdown)
+    # Over a file-size limit (RLIMIT_FSIZE) an AOF write must fail with EFBIG, which the AOF
+    # handles as a full disk, not kill the process (CPython ignores it too; say it here).
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 
     def started() -> None:
         if cfg.pidfile:

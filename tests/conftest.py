@@ -9,6 +9,8 @@ from hypothesis import settings
 
 from tests.harness import DisqueProcess
 from tests.hypothesis_profile import SUITE_PROFILE
+from tests.smalldisk import SmallDisk
+from tests.smalldisk import small_disk as make_small_disk
 
 settings.load_profile(SUITE_PROFILE)  # no per-example deadline: a stall is not a failure
 
@@ -52,3 +54,12 @@ def make_server(tmp_path: Path) -> Iterator:
     finally:
         for p in started:
             p.kill()
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[SmallDisk]:
+    """A small filesystem (2 MB) to fill up: tmpfs, a loop-mounted ext4 image, or a file-size
+    limit on the attached process (tests/smalldisk.py). Request it before make_server or
+    cluster, so that it is unmounted after their processes are killed."""
+    with make_small_disk(tmp_path / "disk") as disk:
+        yield disk

@@ -1,6 +1,13 @@
 """AofManager: the AOF's life in the server: load at start, turn on and off at run time,
-rewrite (BGREWRITEAOF, automatic growth, SHUTDOWN REWRITE-AOF), hold replies for
-`appendfsync always`, and report INFO persistence."""
+rewrite (BGREWRITEAOF, automatic growth, SHUTDOWN REWRITE-AOF), hold replies until what
+they confirm is written, and report INFO persistence.
+
+A reply never confirms a record that is not in the file: a command that logged something
+(`Client.aof_marks`, noted by the dispatcher) has its reply sent only after the write
+(`hold`: at once under `everysec` and `no`; after the iteration's group fsync under
+`always`), and when that write fails its reply becomes -MISCONF and the jobs it added are
+cancelled (`Node.cancel_adds`). While the AOF cannot be written the dispatcher refuses new
+jobs; the cron retries the write until it succeeds, which is the way back to normal."""
 
 from __future__ import annotations
 
@@ -15,10 +22,26 @@ from disque.aof.loader import AofLoader, AofLoadError
 from disque.aof.writer import AppendOnlyFile, Rewrite
 from disque.config import ConfigSetError, config_rewrite, on_set
 from disque.latency import AOF_REWRITE
+from disque.protocol.errors import aof_write_failed
 
 log = structlog.get_logger("disque.aof")
 
 PROGRESS_EVERY = 3.0  # seconds between "still loading" log lines
+REWRITE_LIMIT_AFTER = 3  # failed rewrites in a row before automatic ones are spaced out
+REWRITE_DELAY_MAX = 3600.0  # longest wait between two automatic attempts (1 min, doubling)
+
+
+def misconf_reply(error: str) -> bytes:
+    return aof_write_failed(error).resp()
+
+
+def rewrite_backoff(failures: int) -> float:
+    """How long automatic rewrites wait after `failures` failed ones in a row: not at all
+    before REWRITE_LIMIT_AFTER, then 1 minute, doubling up to an hour, as Redis 7 does
+    (each attempt on a full disk would fill it again). BGREWRITEAOF never waits."""
+    if failures < REWRITE_LIMIT_AFTER:
+        return 0.0
+    return min(60.0 * 2 ** (failures - REWRITE_LIMIT_AFTER), REWRITE_DELAY_MAX)
 
 
 class AofManager:
@@ -32,6 +55,8 @@ class AofManager:
         self.rewrite_scheduled = False
         self.last_bgrewrite_ok = True
         self.last_rewrite_time = -1
+        self.rewrite_failures = 0  # in a row (INFO aof_rewrites_consecutive_failures)
+        self.rewrite_failed_at = 0.0
         self.loader: AofLoader | None = None
         on_set(self.cfg, "appendonly", self._on_appendonly)
         on_set(self.cfg, "appendfsync", self._on_appendfsync)
@@ -95,20 +120,34 @@ class AofManager:
         assert self.server.loop is not None
         self.aof = AppendOnlyFile(self.path, self.cfg.appendfsync, self.server.loop.call_soon,
                                   self.release, wait_rewrite=wait_rewrite,
-                                  latency=self.server.latency)
+                                  latency=self.server.latency, on_failed=self.node.cancel_adds)
         self.aof.no_fsync_on_rewrite = self.cfg.no_appendfsync_on_rewrite
         self.node.persist = self.aof
 
-    # ------------------------------------------------------------------ replies for always
+    # ------------------------------------------------------------------ replies
     def hold(self, client: Any) -> bool:
-        """Called with a client's replies ready: True if they must wait for the fsync."""
+        """Called with a client's replies ready: True if they must wait for the fsync
+        (`always`). Under `everysec` and `no` the records its commands logged are written
+        now, before the replies leave; a failed write turns those commands' replies into
+        -MISCONF."""
         aof = self.aof
-        if aof is None or not aof.flush_scheduled or not aof.hold_replies:
+        marks = client.aof_marks
+        if aof is None:
+            if marks:
+                marks.clear()
             return False
-        if not client.aof_held:
-            client.aof_held = True
-            self.held.append(client)
-        return True
+        if aof.hold_replies:
+            if not aof.flush_scheduled:
+                if marks and aof.last_write_error is not None:
+                    client.refuse_logged(misconf_reply(aof.last_write_error))
+                return False
+            if not client.aof_held:
+                client.aof_held = True
+                self.held.append(client)
+            return True
+        if marks and not aof.flush(force=True):
+            client.refuse_logged(misconf_reply(aof.last_write_error or "unknown error"))
+        return False
 
     def release(self) -> None:
         held = self.held
@@ -116,23 +155,35 @@ class AofManager:
             return
         self.held = []
         aof = self.aof
-        if aof is not None and aof.last_write_error is not None:
-            for c in held:  # never confirm what is not on disk
-                c.aof_held = False
-                if not c.closing:
-                    c.out[:] = [b"-MISCONF Errors writing to the AOF file: "
-                                + aof.last_write_error.encode() + b"\r\n"]
-                    c.flush()
-            return
+        error = aof.last_write_error if aof is not None else None
+        refused = misconf_reply(error) if error is not None else b""
         for c in held:
             c.aof_held = False
+            if error is not None:
+                c.refuse_logged(refused)  # never confirm what is not on disk
             if not c.closing:
                 c.flush()
 
-    def flush_before_send(self) -> None:
+    def flush_before_send(self) -> bool:
+        """Before bus messages leave: write (and fsync under `always`) what they may confirm.
+        False if that failed: the caller then sends no GOTJOB."""
         aof = self.aof
-        if aof is not None and aof.buf:
-            aof.flush(fsync=aof.policy == "always")
+        if aof is None:
+            return True
+        if aof.buf or aof.last_write_error is not None:
+            return aof.flush(fsync=aof.policy == "always", force=True)
+        return True
+
+    def write_now(self) -> bool:
+        """Write (and fsync under `always`) what was logged, at once (the HTTP door, whose
+        replies cannot be held); False if that failed."""
+        aof = self.aof
+        return aof is None or aof.flush(fsync=aof.policy == "always", force=True)
+
+    def misconf_text(self) -> str:
+        aof = self.aof
+        error = aof.last_write_error if aof is not None else None
+        return str(aof_write_failed(error or "unknown error"))
 
     # ------------------------------------------------------------------ run time
     def _on_appendonly(self, cfg: Any, name: str) -> None:
@@ -158,9 +209,13 @@ class AofManager:
             self.node.persist = None
         self.release()
 
-    def misconf(self) -> str | None:
+    def misconf(self) -> bytes | None:
+        """The -MISCONF reply for a command that would log a change, while the AOF cannot
+        be written; None when it can."""
         aof = self.aof
-        return aof.last_write_error if aof is not None else None
+        if aof is None or aof.last_write_error is None:
+            return None
+        return misconf_reply(aof.last_write_error)
 
     def start_rewrite(self) -> bool:
         """Begin a background rewrite; False if one is running or it cannot start."""
@@ -202,9 +257,14 @@ class AofManager:
         self.last_rewrite_time = int(time.monotonic() - self.rewrite_started)
         self.rewrite = None
         if ok:
+            self.rewrite_failures = 0
             log.info("aof.rewrite_done", path=self.path, seconds=self.last_rewrite_time)
         else:
-            log.warning("aof.rewrite_failed", error=reason)
+            # the temporary file is gone and the AOF is the one it was before
+            self.rewrite_failures += 1
+            self.rewrite_failed_at = time.monotonic()
+            log.warning("aof.rewrite_failed", error=reason, path=self.path,
+                        failures_in_a_row=self.rewrite_failures)
         if self.rewrite_scheduled and self.aof is not None:
             # CONFIG SET dir during a rewrite: the AOF has yet to be written in the new dir
             assert self.server.loop is not None
@@ -240,15 +300,27 @@ class AofManager:
             return False
         return ok[0]
 
+    def rewrite_limited(self) -> bool:
+        """Whether automatic rewrites still wait after failed ones (rewrite_backoff)."""
+        delay = rewrite_backoff(self.rewrite_failures)
+        return bool(delay) and time.monotonic() - self.rewrite_failed_at < delay
+
     def cron(self) -> None:
         aof = self.aof
         if aof is None:
             return
-        if aof.buf and not aof.flush_scheduled:
-            aof.flush()
+        if (aof.buf or aof.last_write_error is not None) and not aof.flush_scheduled:
+            # also the retry of a failed write: its success lets writes in again
+            aof.flush(fsync=aof.policy == "always")
+        if aof.fd is None and self.rewrite is None and not self.rewrite_limited():
+            # CONFIG SET appendonly yes: its first rewrite failed (a full disk); what was
+            # logged meanwhile went with it, but a new one writes the state as it is now
+            self.start_rewrite()
+            return
         cfg = self.cfg
         if (self.rewrite is None and aof.fd is not None and cfg.auto_aof_rewrite_percentage
-                and aof.current_size > cfg.auto_aof_rewrite_min_size):
+                and aof.current_size > cfg.auto_aof_rewrite_min_size
+                and not self.rewrite_limited()):
             base = aof.base_size or 1
             growth = (aof.current_size - base) * 100 // base
             if growth >= cfg.auto_aof_rewrite_percentage:
@@ -261,6 +333,8 @@ class AofManager:
         if mode == b"rewrite-aof" and not self.server.loading and not self.rewrite_now():
             return False
         if self.aof is not None:
+            if not self.aof.flush(fsync=True, force=True):
+                return False  # (left open: it keeps retrying, SHUTDOWN can be tried again)
             self.aof.close()
             if self.aof.last_write_error is not None:
                 return False
@@ -307,8 +381,11 @@ class AofManager:
             ("aof_current_rewrite_time_sec",
              int(time.monotonic() - self.rewrite_started) if rewriting else -1),
             ("aof_last_bgrewrite_status", "ok" if self.last_bgrewrite_ok else "err"),
+            ("aof_rewrites_consecutive_failures", self.rewrite_failures),
             ("aof_last_write_status", "ok" if aof is None or aof.last_write_error is None
              else "err"),
+            ("aof_last_write_error", "" if aof is None else aof.last_write_error or ""),
+            ("aof_write_errors", 0 if aof is None else aof.write_errors),
         ]
         if aof is not None:
             fields += [

@@ -246,6 +246,7 @@ class ClusterJobs:
     repl_last_targets: Sequence[bytes]
     shared_delivered: Any
     above_copy_limit: Any
+    persist_failing: Any
     rereplication: Any
     jobs: Any
     _jshards: Any
@@ -507,7 +508,7 @@ class ClusterJobs:
         self.hold_and_confirm(sender, msg.items, msg.key)  # key: noreply
 
     def hold_and_confirm(self, sender: bytes, recs: Any, noreply: bool) -> None:
-        if self.leaving or self.above_copy_limit():
+        if self.leaving or self.above_copy_limit() or self.persist_failing():
             return  # refused: no GOTJOB, the sender tries another node
         held = self.hold_copies(recs, self.clock())
         if held and not noreply:

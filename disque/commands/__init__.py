@@ -21,10 +21,10 @@ FLAG_ORDER = ("write", "readonly", "denyoom", "admin", "random", "loading", "ski
 
 class Command:
     __slots__ = ("name", "arity", "flags", "handler", "denyoom", "loading", "noauth",
-                 "write", "calls", "usec", "failed", "rejected")
+                 "write", "logs", "calls", "usec", "failed", "rejected")
 
     def __init__(self, name: str, arity: int, flags: str, handler: Callable[..., Any],
-                 noauth: bool = False) -> None:
+                 noauth: bool = False, logs: bool = False) -> None:
         self.name = name
         self.arity = arity
         self.flags = tuple(f for f in FLAG_ORDER if f in flags.split())
@@ -33,6 +33,9 @@ class Command:
         self.loading = "loading" in self.flags
         self.write = "write" in self.flags
         self.noauth = noauth  # may run before AUTH (AUTH, HELLO)
+        # Adds jobs, which the AOF must log: refused with -MISCONF while it cannot be
+        # written. Other commands run; a reply confirming a change waits for its record.
+        self.logs = logs
         self.calls = 0
         self.usec = 0
         self.failed = 0  # the handler answered an error (CommandError or a crash)
@@ -42,10 +45,11 @@ class Command:
 TABLE: dict[bytes, Command] = {}
 
 
-def command(name: str, arity: int, flags: str, noauth: bool = False) -> Callable:
+def command(name: str, arity: int, flags: str, noauth: bool = False,
+            logs: bool = False) -> Callable:
     """Register a handler in TABLE."""
     def register(fn: Callable) -> Callable:
-        TABLE[name.encode()] = Command(name, arity, flags, fn, noauth)
+        TABLE[name.encode()] = Command(name, arity, flags, fn, noauth, logs)
         return fn
     return register
 

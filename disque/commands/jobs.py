@@ -20,7 +20,7 @@ from disque.jobs.job import (
     Job,
 )
 from disque.node import Waiter
-from disque.protocol.errors import CommandError, badid, err, syntax
+from disque.protocol.errors import CommandError, aof_write_failed, badid, err, syntax
 from disque.protocol.reply import Status, array_len, encode, integer
 
 
@@ -224,7 +224,7 @@ def deadletter_policy(node: Any, queue: bytes, o: AddJobOptions) -> DeadLetter |
 _NO_OPTIONS = AddJobOptions()  # shared, never modified: plain `ADDJOB q body timeout`
 
 
-@command("addjob", -4, "write denyoom fast")
+@command("addjob", -4, "write denyoom fast", logs=True)
 def cmd_addjob(c: Any, argv: list[bytes]) -> None:
     o = _NO_OPTIONS if len(argv) == 4 else parse_addjob_options(argv, 4, len(argv))
     timeout = 0 if argv[3] == b"0" else timeout_arg(argv[3])
@@ -235,7 +235,7 @@ def cmd_addjob(c: Any, argv: list[bytes]) -> None:
         c.block(res)
 
 
-@command("addjobs", -5, "write denyoom")
+@command("addjobs", -5, "write denyoom", logs=True)
 def cmd_addjobs(c: Any, argv: list[bytes]) -> None:
     """ADDJOBS queue ms-timeout [options] [WITHDEDUP] JOBS body [body ...]: many jobs with
     the same options, replicated together; one reply per job, in order (its ID, or its
@@ -262,9 +262,11 @@ def cmd_addjobs(c: Any, argv: list[bytes]) -> None:
     o.dl = deadletter_policy(node, queue, o)  # one policy object shared by the batch
     group = AddJobGroup(c, array_len(len(items) // 2 if o.with_dedup else len(items)))
     replicating = node.replicating
+    persist = node.persist
     unqueued = 0  # new jobs of this batch waiting for their copies (MAXLEN counts them)
     for k in range(0, len(items), 2 if o.with_dedup else 1):
         before = len(replicating)
+        logged = persist.appended if persist is not None else 0
         try:
             if o.with_dedup:
                 res = add_one_job(c, queue, items[k + 1], timeout, o, items[k], unqueued)
@@ -273,12 +275,12 @@ def cmd_addjobs(c: Any, argv: list[bytes]) -> None:
         except CommandError as exc:
             res = exc.resp()
         if type(res) is bytes:
-            group.add_reply(res)
+            group.add_reply(res, persist is not None and persist.appended != logged)
         else:
             group.add_waiter(res)
             if len(replicating) > before:
                 unqueued += 1
-    group.seal(c)
+    group.seal(c, persist)
 
 
 class BlockedAddJob(ReplWaiter):
@@ -300,7 +302,21 @@ class BlockedAddJob(ReplWaiter):
             self.client.unblocked(reply)
 
     def on_added(self, job_id: bytes) -> None:
+        persist = self.node.persist if self.node is not None else None
+        if persist is not None and persist.pending():
+            persist.confirm(self.written)  # its LOADJOB is not in the AOF yet
+            return
         self.answer(b"+%b\r\n" % job_id)
+
+    def written(self, ok: bool) -> None:
+        """The job's LOADJOB reached the AOF, or could not (the job was then cancelled,
+        see Node.cancel_adds): only now is the client told."""
+        if ok:
+            self.answer(b"+%b\r\n" % self.job_id)
+        else:
+            persist = self.node.persist if self.node is not None else None
+            error = persist.last_write_error if persist is not None else None
+            self.on_error(aof_write_failed(error or "unknown error"))
 
     def on_error(self, error: CommandError) -> None:
         if self.dedup is not None and self.node is not None:
@@ -323,6 +339,7 @@ class BlockedAddJob(ReplWaiter):
         server = c.server
         lookup = server.lookup
         group: AddJobGroup | None = None
+        marks = c.aof_marks
         k = 0
         for argv in reqs:
             cmd = lookup.get(argv[0]) or lookup.get(argv[0].lower())
@@ -338,12 +355,15 @@ class BlockedAddJob(ReplWaiter):
             if waiter is not None:
                 group.add_waiter(waiter)
             else:
-                group.add_reply(b"".join(c.out[mark:]))
+                # its job's LOADJOB, if it logged one, is confirmed with the group's reply
+                logged = bool(marks) and marks[-1][0] >= mark
+                group.add_reply(b"".join(c.out[mark:]), logged)
                 del c.out[mark:]
+                c.forget_marks(mark)
             k += 1
         if group is not None:
             c.waiter = None
-            group.seal(c)
+            group.seal(c, c.node.persist)
         return reqs[k:]
 
 
@@ -355,7 +375,7 @@ class AddJobGroup:
     """The replies of several synchronous ADDJOBs of one client (ADDJOBS, or pipelined
     ADDJOBs), in order: the client is answered once, when the last one is decided."""
 
-    __slots__ = ("client", "head", "slots", "waiters", "waiting")
+    __slots__ = ("client", "head", "slots", "waiters", "waiting", "logged", "persist")
 
     def __init__(self, client: Any, head: bytes) -> None:
         self.client = client
@@ -363,8 +383,12 @@ class AddJobGroup:
         self.slots: list[bytes | None] = []
         self.waiters: list[BlockedAddJob] = []
         self.waiting = 0
+        self.logged: list[int] = []  # slots answered at once whose job the AOF logged
+        self.persist: Any = None
 
-    def add_reply(self, reply: bytes) -> None:
+    def add_reply(self, reply: bytes, logged: bool = False) -> None:
+        if logged:
+            self.logged.append(len(self.slots))
         self.slots.append(reply)
 
     def add_waiter(self, waiter: BlockedAddJob) -> None:
@@ -374,18 +398,37 @@ class AddJobGroup:
         self.waiters.append(waiter)
         self.waiting += 1
 
-    def seal(self, c: Any) -> None:
-        """Every job of the group is in: answer now, or park the client until the last
-        copy is confirmed."""
+    def seal(self, c: Any, persist: Any) -> None:
+        """Every job of the group is in: answer now (the dispatcher holds the reply until
+        the AOF has what it logged), or park the client until the last copy is confirmed,
+        and the AOF write of the jobs answered at once, if any."""
         if self.waiting:
+            if self.logged and persist is not None and persist.pending():
+                self.persist = persist
+                self.waiting += 1
+                persist.confirm(self.written)
             c.block(self)
         else:
             c.out.append(self.head + b"".join(self.slots))  # type: ignore[arg-type]
+
+    def written(self, ok: bool) -> None:
+        """The AOF write of the `logged` slots' jobs is done; failed: they were cancelled
+        (Node.cancel_adds) and answer -MISCONF."""
+        if not ok:
+            error = self.persist.last_write_error if self.persist is not None else None
+            refused = aof_write_failed(error or "unknown error").resp()
+            for slot in self.logged:
+                self.slots[slot] = refused
+        self.persist = None
+        self.done_one()
 
     def fill(self, slot: int, reply: bytes) -> None:
         if self.slots[slot] is not None:
             return
         self.slots[slot] = reply
+        self.done_one()
+
+    def done_one(self) -> None:
         self.waiting -= 1
         if not self.waiting:
             self.release()
@@ -525,7 +568,7 @@ def cmd_working(c: Any, argv: list[bytes]) -> None:
     c.out.append(integer(c.node.working(argv[1])))
 
 
-@command("loadjob", 2, "write")
+@command("loadjob", 2, "write", logs=True)
 def cmd_loadjob(c: Any, argv: list[bytes]) -> None:
     raise err("LOADJOB is a special command only processed from AOF")
 
@@ -572,7 +615,7 @@ def deadletter_fields(dl: DeadLetter) -> list[Any]:
 
 
 # ---------------------------------------------------------------------------- REDRIVE
-@command("redrive", -2, "write denyoom")
+@command("redrive", -2, "write denyoom", logs=True)
 def cmd_redrive(c: Any, argv: list[bytes]) -> None:
     """REDRIVE dead-letter-queue [COUNT n] [RATE jobs-per-second] [RESET] [ID id ...]:
     dead jobs queued here back to their source queues, by a task moving RATE a second

@@ -206,6 +206,13 @@ class DisqueCollector:
         yield GaugeMetricFamily("disque_aof_fsync_lag_seconds",
                                 "Age of the oldest AOF write not yet fsynced (0 when all "
                                 "is on disk).", value=aof["fsync_lag"])
+        yield GaugeMetricFamily("disque_aof_last_write_ok",
+                                "0 while the AOF cannot be written (a full disk: new jobs are "
+                                "refused with MISCONF), else 1.",
+                                value=1 if aof["write_ok"] else 0)
+        yield CounterMetricFamily("disque_aof_write_errors",
+                                  "Failed AOF write or fsync attempts (each retry counts).",
+                                  value=aof["write_errors"])
 
 
 async def exposition(view: NodeView) -> bytes:

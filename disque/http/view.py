@@ -60,7 +60,7 @@ class InternalClient:
     __slots__ = ("server", "node", "id", "out", "proto", "null_bulk", "null_array",
                  "authenticated", "name", "addr", "laddr", "waiter", "closing", "monitor",
                  "last_cmd", "reply_mode", "lib_name", "lib_ver", "transport", "ctime",
-                 "last_interaction")
+                 "last_interaction", "aof_marks")
 
     def __init__(self, server: Any, addr: str) -> None:
         self.server = server
@@ -83,6 +83,7 @@ class InternalClient:
         self.lib_ver = b""
         self.transport: Any = None
         self.ctime = self.last_interaction = time.monotonic()
+        self.aof_marks: list[tuple[int, int]] = []  # set when the command logged to the AOF
 
     def block(self, waiter: Any) -> None:  # pragma: no cover - ALLOWED commands never block
         raise RuntimeError("the HTTP side runs no blocking command")
@@ -176,6 +177,9 @@ class NodeView:
             raise CommandFailed(f"ERR command not available over HTTP: {_text(argv[:1])}")
         c = InternalClient(self._server, addr)
         self._server.execute(c, argv)
+        if c.aof_marks and not self._server.aofm.write_now():
+            # an ACK or a deletion whose record could not be written: not confirmed
+            raise CommandFailed(self._server.aofm.misconf_text())
         reader = hiredis.Reader()
         reader.feed(b"".join(c.out))
         reply = reader.gets()
@@ -211,12 +215,15 @@ class NodeView:
         return self._server.stat_unknown_commands
 
     def aof(self) -> dict[str, Any]:
-        """AOF size and how long the oldest write not yet fsynced has waited."""
+        """AOF size, how long the oldest write not yet fsynced has waited, whether writing
+        it fails (a full disk) and how many attempts failed."""
         aof = self._server.aofm.aof
         if aof is None:
-            return {"enabled": False, "size": 0, "fsync_lag": 0.0}
+            return {"enabled": False, "size": 0, "fsync_lag": 0.0, "write_ok": True,
+                    "write_errors": 0}
         lag = time.monotonic() - aof.dirty_since if aof.dirty else 0.0
-        return {"enabled": True, "size": aof.current_size, "fsync_lag": max(0.0, lag)}
+        return {"enabled": True, "size": aof.current_size, "fsync_lag": max(0.0, lag),
+                "write_ok": aof.last_write_error is None, "write_errors": aof.write_errors}
 
     # ------------------------------------------------------------------ cluster
     def cluster_nodes(self) -> list[dict[str, Any]]:

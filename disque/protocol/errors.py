@@ -43,6 +43,12 @@ def leaving() -> CommandError:
                         "This node is leaving the cluster, please connect to a different one")
 
 
+def aof_write_failed(error: str) -> CommandError:
+    """A change the AOF could not log (a full disk): Redis's reply for a failed AOF write,
+    with the cause as strerror() words it."""
+    return CommandError("MISCONF", "Errors writing to the AOF file: " + error)
+
+
 # Fixed error replies, pre-encoded for the dispatcher's hot checks.
 NOAUTH_REPLY = b"-NOAUTH Authentication required.\r\n"
 OOM_REPLY = b"-OOM command not allowed when used memory > 'maxmemory'.\r\n"

@@ -32,7 +32,8 @@ EVERYSEC = ["--appendonly", "yes", "--appendfsync", "everysec"]
 PERSISTENCE_BASE = [
     "loading", "aof_enabled", "aof_state", "aof_rewrite_in_progress", "aof_rewrite_scheduled",
     "aof_last_rewrite_time_sec", "aof_current_rewrite_time_sec", "aof_last_bgrewrite_status",
-    "aof_last_write_status",
+    "aof_rewrites_consecutive_failures", "aof_last_write_status", "aof_last_write_error",
+    "aof_write_errors",
 ]
 PERSISTENCE_AOF = [
     "aof_current_size", "aof_base_size", "aof_pending_rewrite", "aof_buffer_length",

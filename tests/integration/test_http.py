@@ -176,6 +176,8 @@ def test_metrics_parse_and_match_info_and_qstat_under_load(hnode: DisqueProcess,
     assert sample(fams, "disque_cluster_nodes", flag="myself") == 1
     assert sample(fams, "disque_bus_links_up") == 0
     assert sample(fams, "disque_aof_enabled") == 0
+    assert sample(fams, "disque_aof_last_write_ok") == 1
+    assert sample(fams, "disque_aof_write_errors", "disque_aof_write_errors_total") == 0
 
 
 def test_metrics_count_command_errors(hnode: DisqueProcess, q: str) -> None:

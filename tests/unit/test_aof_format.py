@@ -509,6 +509,9 @@ class Recorder:
     def loadjob(self, job: Job) -> None:
         self.records.append(loadjob_record(job))
 
+    addjob = loadjob
+    last_write_error = None
+
     def ackjob(self, job: Job) -> None:
         self.records.append(ackjob_record(job))
 

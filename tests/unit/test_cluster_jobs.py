@@ -1691,8 +1691,9 @@ def test_external_copy_of_an_at_most_once_job_is_not_queued_again_after_a_restar
     creator's ENQUEUE, which is not logged."""
     r = Rig(peers=(A,))
     loadjobs: list[bytes] = []  # each LOADJOB payload exactly as the AOF would store it
-    r.node.persist = SimpleNamespace(loadjob=lambda job: loadjobs.append(serialize_job(job)),
-                                     deljob=lambda job_id: None)
+    log = lambda job: loadjobs.append(serialize_job(job))  # noqa: E731
+    r.node.persist = SimpleNamespace(loadjob=log, addjob=log, deljob=lambda job_id: None,
+                                     last_write_error=None)
     jid = r.replica(retry=0, ttl=600, repl=1, delivered=()).id
     r.node.on_enqueue(A, EnqueueJob(hdr(A), jid, 0))
     got = r.node.get_jobs([b"q"], 1)

@@ -237,6 +237,8 @@ def test_addjob_records_loadjob_for_persistence(sim):
         def loadjob(self, job):
             calls.append(("loadjob", job.id))
 
+        addjob = loadjob  # a new job: a LOADJOB the AOF cancels the job for if unwritten
+
         def deljob(self, job_id):
             calls.append(("deljob", job_id))
 
@@ -358,6 +360,8 @@ def test_ttl_expiry_logs_deljob(sim):
         def loadjob(self, job):
             pass
 
+        addjob = loadjob
+
         def deljob(self, job_id):
             deleted.append(job_id)
 
@@ -419,8 +423,9 @@ def test_delayed_at_most_once_job_delivered_before_a_restart_is_not_queued_again
     # log queueing, so Node.load_job takes this record for a never-queued job.
     sim = Sim()
     loadjobs: list[bytes] = []  # each LOADJOB payload exactly as the AOF would store it
-    sim.node.persist = SimpleNamespace(loadjob=lambda job: loadjobs.append(serialize_job(job)),
-                                       deljob=lambda job_id: None)
+    log = lambda job: loadjobs.append(serialize_job(job))  # noqa: E731
+    sim.node.persist = SimpleNamespace(loadjob=log, addjob=log, deljob=lambda job_id: None,
+                                       last_write_error=None)
     job = sim.add(body=b"once", replicate=1, ttl=600, retry=0, delay=2)  # RETRY 0 DELAY 2
     sim.advance(2100)
     assert job.state == QUEUED
