@@ -47,11 +47,11 @@ install: $(STAMP)
 run: install
 	$(VENV)/bin/disque-server conf/disque.conf --port $(PORT) --dir run/node-$(PORT)
 
-# The suite on TEST_WORKERS pytest-xdist workers (each with its own port share; the Spark
-# tests stay together on one worker, see tests/spark/conftest.py), the 30 slowest listed.
+# The suite on TEST_WORKERS pytest-xdist workers (each with its own port share; a test module,
+# and all the Spark tests, stay on one worker: see tests/conftest.py), the 30 slowest listed.
 # TEST_WORKERS=0 runs it in this one process.
 TEST_WORKERS ?= 2
-PYTEST_RUN = $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=30
+PYTEST_RUN = $(PY) -m pytest -q -n $(TEST_WORKERS) --durations=30
 
 test: install system-deps
 	$(PYTEST_RUN) $(PYTEST_ARGS)

@@ -15,6 +15,36 @@ from tests.smalldisk import small_disk as make_small_disk
 settings.load_profile(SUITE_PROFILE)  # no per-example deadline: a stall is not a failure
 
 
+# The long groups first, so that no worker starts one while the other runs out of work.
+_FIRST = ("tests/spark/", "tests/chaos/", "tests/cluster/test_rolling_restarts.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        return next((i for i, p in enumerate(_FIRST) if item.nodeid.startswith(p)),
+                    len(_FIRST))
+    items.sort(key=rank)  # stable: collection order within each rank
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """pytest-xdist: one test module per work unit (its module-scoped node or cluster is
+    started once), and every Spark test in one unit, so one worker starts one JVM.
+    (`--dist loadgroup` would do the Spark part, but xdist 3.8 cannot set the group on
+    pytest 9.2's node IDs.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False  # keep _FIRST's order, not the largest first
+
+    class ModulesAndSpark(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.startswith("tests/spark/"):
+                return "tests/spark"
+            return super()._split_scope(nodeid)
+
+    return ModulesAndSpark(config, log)  # type: ignore[arg-type]
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist (`make test` runs two workers), each worker and every server or tool
     it starts draws ports from its own share (disque/tools/ports.py), so two workers never

@@ -29,13 +29,6 @@ SPARK_ENV = {
 }
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    here = Path(__file__).parent
-    for item in items:
-        if here in Path(item.path).parents:
-            item.add_marker(pytest.mark.xdist_group("spark"))
-
-
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     pytest.importorskip("pyspark")
