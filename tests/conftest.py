@@ -46,7 +46,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Under pytest-xdist (`make test` runs two workers), each worker and every server or tool
+    """Under pytest-xdist (`make test` runs three workers), each worker and every server or tool
     it starts draws ports from its own share (disque/tools/ports.py), so two workers never
     hand out the same port between a check and a server's bind."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
