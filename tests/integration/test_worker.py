@@ -84,13 +84,25 @@ def test_backoff_zero_sends_a_plain_nack(server: DisqueProcess, conn: Conn,
     assert {r["nack_delay"] for r in w.logged("job.failed")} == {0}
 
 
+def info_field(conn: Conn, name: str) -> int:
+    text = conn.cmd("INFO")
+    text = text.decode() if isinstance(text, bytes) else str(text)
+    return int(next(line.split(":", 1)[1] for line in text.splitlines()
+                    if line.startswith(name + ":")))
+
+
 @pytest.mark.parametrize("handler", ["slow", "aslow"])
 def test_working_keeps_a_long_job_from_being_redelivered(
         server: DisqueProcess, conn: Conn, workers: Workers, handler: str) -> None:
     # RETRY 2 and 3.5 s of work: without WORKING the node requeues the job after 2 s and
-    # the worker's second thread (task) runs it again
-    job_id = add(conn, "q", "long", "RETRY", "2")
+    # the worker's second thread (task) runs it again. The job is added once the worker
+    # waits for it: a job's RETRY timer runs from its queueing, not from its delivery (as
+    # in the original), so a job added before a worker that took over 2 s to start (a
+    # loaded machine) was requeued right after its late delivery, before any WORKING.
     w = workers.start(handler, ["q"], [server.port], "-c", "2", work=3.5)
+    wait_for(lambda: info_field(conn, "blocked_clients") >= 1, timeout=60,
+             what="the worker blocked in GETJOB")
+    job_id = add(conn, "q", "long", "RETRY", "2")
     workers.wait_events("done", 1, timeout=30)
     assert len(workers.events("start")) == 1, workers.events()
     wait_for(lambda: show(conn, job_id) is None, what="the job acked")
