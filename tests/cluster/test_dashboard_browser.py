@@ -162,8 +162,10 @@ def test_dashboard_shows_the_cluster_and_pauses_a_queue(
         timeout=20, what="the page to show the pause")
     assert text_of(browser, '#queue-stat dd[data-field="pause"]') == "all"
 
-    # the job page (SHOW) from the queue page
-    browser.find_element(By.CSS_SELECTOR, "#jobs tbody tr a").click()
+    # the job page (SHOW) from the queue page; the page redraws its tables every 400 ms,
+    # so a link found just before a redraw is stale by the click: find it again then
+    wait_for(lambda: browser.find_element(By.CSS_SELECTOR, "#jobs tbody tr a").click() or True,
+             timeout=20, what="a click on the queue's first job")
     wait_for(lambda: text_of(browser, '#job-show dd[data-field="queue"]') == QUEUE,
              timeout=20, what="the job page")
     assert text_of(browser, "#job-body").startswith("job ")
