@@ -996,6 +996,8 @@ class ClusterJobs:
                 if self.myself not in job.delivered:
                     job.delivered = job.delivered + (self.myself,)
                 self.register(job)
+                if self.persist is not None:  # a copy held here now, as after a REPLJOB
+                    self.persist.loadjob(job)
             elif job.state not in (ACTIVE, WAIT_REPL):
                 if job.state == ACKED:
                     self.send(sender, SetAck(self.header(), job.id, len(job.delivered)))

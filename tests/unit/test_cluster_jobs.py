@@ -1498,6 +1498,22 @@ def test_yourjobs_of_a_job_held_here_keeps_the_senders_delivery_counters() -> No
     assert set(job.delivered) == {A, ME, B}
 
 
+def test_yourjobs_logs_a_job_new_here_to_the_aof() -> None:
+    """A job another node moves here (YOURJOBS) is a copy this node now holds: it goes to
+    the AOF like a REPLJOB copy, or a kill -9 and restart lose it here (seen in
+    test_command_fuzz: a queued job with an hour to live gone after the restart)."""
+    r = Rig(peers=(A, B))
+    logged: list[bytes] = []
+    r.node.persist = SimpleNamespace(loadjob=lambda job: logged.append(job.id),
+                                     addjob=lambda job: None, deljob=lambda job_id: None,
+                                     last_write_error=None)
+    held = r.replica(delivered=(A, ME))
+    logged.clear()
+    new = r.record(delivered=(A,))
+    r.node.on_yourjobs(A, YourJobs(hdr(A), [new, r.record(job_id=held.id)]))
+    assert logged == [new.id]  # the copy held here was logged when it arrived
+
+
 def test_a_new_source_resets_the_broadcast_backoff() -> None:
     r = Rig(peers=(A, B))
     q = r.node.create_queue(b"q")
