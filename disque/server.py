@@ -32,7 +32,7 @@ import structlog
 
 from disque import __version__
 from disque.aof.loader import AofLoadError
-from disque.aof.manager import AofManager
+from disque.aof.manager import AofManager, misconf_reply
 from disque.cluster.bus import Bus
 from disque.cluster.membership import Membership, new_node_id
 from disque.cluster.messages import INCARNATION_BITS, GotJob, GotJobBatch
@@ -199,9 +199,10 @@ class Client(asyncio.Protocol):
         if perr is not None and not self.closing:
             server.log_client_error("protocol", str(perr))
             self.out.append(b"-ERR Protocol error: " + str(perr).encode() + b"\r\n")
-            if not server.aofm.hold(self):
+            self.closing = True
+            if not server.aofm.hold(self):  # held: the AOF's release writes, then closes
                 self.flush()
-            self.close()
+                self.transport.close()
             return
         if self.out and not server.aofm.hold(self):
             if server.ack_sent:
@@ -698,7 +699,7 @@ class Server:
                 # a new job now could only be refused after the fact; PING tells health
                 # checks, as in Redis and the original (checklist section 0)
                 cmd.rejected += 1
-                c.out.append(self.aofm.misconf() or b"")
+                c.out.append(misconf_reply(aof.last_write_error))
                 return
             mark = len(c.out)
             logged = aof.appended

@@ -50,7 +50,10 @@ class AofManager:
         self.cfg = server.cfg
         self.node = server.node
         self.aof: AppendOnlyFile | None = None
-        self.held: list[Any] = []  # clients whose replies wait for the fsync (always)
+        # clients whose replies wait for the fsync (always), or for the one write of the
+        # loop iteration (everysec, no: see hold)
+        self.held: list[Any] = []
+        self.write_scheduled = False
         self.rewrite: Rewrite | None = None
         self.rewrite_scheduled = False
         self.last_bgrewrite_ok = True
@@ -126,10 +129,11 @@ class AofManager:
 
     # ------------------------------------------------------------------ replies
     def hold(self, client: Any) -> bool:
-        """Called with a client's replies ready: True if they must wait for the fsync
-        (`always`). Under `everysec` and `no` the records its commands logged are written
-        now, before the replies leave; a failed write turns those commands' replies into
-        -MISCONF."""
+        """Called with a client's replies ready: True if they must wait. Under `always` they
+        wait for the fsync. Under `everysec` and `no` the replies of commands that logged
+        records wait for the end of the loop iteration, where one write puts every client's
+        records on disk before their replies leave (as Redis's beforeSleep: one write per
+        iteration, not one per client). A failed write turns those replies into -MISCONF."""
         aof = self.aof
         marks = client.aof_marks
         if aof is None:
@@ -145,9 +149,23 @@ class AofManager:
                 client.aof_held = True
                 self.held.append(client)
             return True
-        if marks and not aof.flush(force=True):
-            client.refuse_logged(misconf_reply(aof.last_write_error or "unknown error"))
-        return False
+        if not marks:
+            return False
+        if not client.aof_held:
+            client.aof_held = True
+            self.held.append(client)
+            if not self.write_scheduled:
+                self.write_scheduled = True
+                self.server.loop.call_soon(self.write_and_release)
+        return True
+
+    def write_and_release(self) -> None:
+        """End of the loop iteration (everysec, no): write what the held replies confirm,
+        then send them (release refuses them if the write failed)."""
+        self.write_scheduled = False
+        if self.aof is not None:
+            self.aof.flush(force=True)
+        self.release()
 
     def release(self) -> None:
         held = self.held
@@ -161,8 +179,12 @@ class AofManager:
             c.aof_held = False
             if error is not None:
                 c.refuse_logged(refused)  # never confirm what is not on disk
-            if not c.closing:
-                c.flush()
+            transport = c.transport
+            if transport is None or transport.is_closing():
+                continue
+            c.flush()
+            if c.closing:  # it asked to close once its replies were out (a protocol error)
+                transport.close()
 
     def flush_before_send(self) -> bool:
         """Before bus messages leave: write (and fsync under `always`) what they may confirm.
@@ -208,14 +230,6 @@ class AofManager:
             self.aof = None
             self.node.persist = None
         self.release()
-
-    def misconf(self) -> bytes | None:
-        """The -MISCONF reply for a command that would log a change, while the AOF cannot
-        be written; None when it can."""
-        aof = self.aof
-        if aof is None or aof.last_write_error is None:
-            return None
-        return misconf_reply(aof.last_write_error)
 
     def start_rewrite(self) -> bool:
         """Begin a background rewrite; False if one is running or it cannot start."""

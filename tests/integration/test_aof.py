@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import socket
 import subprocess
 import sys
 import threading
@@ -806,3 +807,22 @@ def test_the_client_library_reports_a_loading_node_as_unreachable(make_server) -
     asyncio.run(via_asyncio())
     wait_for(lambda: c.cmd("PING") == "PONG", timeout=120, what="the load to finish")
     assert info(c, "jobs")["registered_jobs"] == "300000"  # nothing was added while loading
+
+
+@pytest.mark.parametrize("fsync", ["everysec", "always"])
+def test_a_protocol_error_after_logged_commands_still_sends_their_replies(
+        make_server, fsync: str) -> None:  # type: ignore[no-untyped-def]
+    """The replies of commands that logged records wait for the AOF write (everysec) or
+    fsync (always); a protocol error later in the same read closes the connection only once
+    they are out, so the client learns its job was added."""
+    proc = make_server(args=["--appendonly", "yes", "--appendfsync", fsync])
+    with socket.create_connection(("127.0.0.1", proc.port), timeout=10) as s:
+        s.sendall(b"*4\r\n$6\r\nADDJOB\r\n$1\r\nq\r\n$4\r\nbody\r\n$1\r\n0\r\n*x\r\n")
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    first, _, rest = data.partition(b"\r\n")
+    assert first.startswith(b"+D-"), data
+    assert rest.startswith(b"-ERR Protocol error"), data
+    with Conn(proc.port) as c:
+        assert c.cmd("QLEN", "q") == 1
