@@ -308,20 +308,19 @@ class AppendOnlyFile:
             self.unconfirmed = []
             if self.on_failed is not None:
                 self.on_failed(jobs)
-        waiters = self.waiters
-        if waiters:
-            self.waiters = []
-            for w in waiters:
-                w(False)
+        self._wake_waiters(False)
 
     def confirmed(self) -> None:
         if self.unconfirmed:
             self.unconfirmed.clear()
+        self._wake_waiters(True)
+
+    def _wake_waiters(self, written: bool) -> None:
         waiters = self.waiters
         if waiters:
             self.waiters = []
             for w in waiters:
-                w(True)
+                w(written)
 
     def start_fsync_thread(self) -> None:
         self.thread = threading.Thread(target=self._fsync_loop, name="aof-fsync",

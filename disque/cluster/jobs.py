@@ -988,7 +988,6 @@ class ClusterJobs:
         """ON RECV YOURJOBS: queue the jobs another node moved to us (no QUEUED broadcast;
         an at-most-once job is allowed exactly one queueing here)."""
         now = self.clock()
-        touched: set[Queue] = set()
         for rec in msg.jobs:
             job = self.lookup_job(rec.id)
             if job is None:
@@ -1029,7 +1028,6 @@ class ClusterJobs:
             q.needjobs_adhoc_attempt = 0
             self.note_import(q, now, 1)
             self.importing.add(q)
-            touched.add(q)
 
     def note_import(self, q: Queue, now: int, n: int) -> None:
         """Count imported jobs in 1 s buckets of (first import time, count)."""
