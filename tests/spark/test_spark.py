@@ -22,7 +22,9 @@ from disque.spark import WriteResult, register, write_jobs
 from tests.cluster.conftest import Cluster
 from tests.harness import wait_for
 
-pytestmark = pytest.mark.slow
+# (a Spark job on a loaded 2-core machine can outlast the suite's 120 s; a timeout in the
+# middle of a py4j call breaks the shared session for every Spark test after it)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 N = 100_000
 

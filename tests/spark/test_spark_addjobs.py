@@ -8,9 +8,14 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+import pytest
+
 from disque.client import Client
 from disque.spark import WriteResult, register, write_jobs
 from tests.cluster.conftest import Cluster, cluster  # noqa: F401 - the `cluster` fixture
+
+# (see test_spark.py: a timeout in a py4j call breaks the shared session)
+pytestmark = pytest.mark.timeout(600)
 
 N = 3000
 

@@ -17,7 +17,9 @@ from disque.client import Client
 from disque.spark import package
 from tests.cluster.conftest import Cluster
 
-pytestmark = pytest.mark.slow
+# (a Spark job on a loaded 2-core machine can outlast the suite's 120 s; a timeout in the
+# middle of a py4j call breaks the shared session for every Spark test after it)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 JOB = '''
 import sys
