@@ -64,8 +64,9 @@ test-fast: install system-deps
 bench: install system-deps
 	$(PY) -m benchmarks.run $(BENCH_ARGS)
 
-# Chaos runs (tests/chaos/run.py): each nemesis (kill -9 without / with AOF, SIGSTOP pauses,
-# bus partitions) for CHAOS_SECONDS under load on 5 nodes, then the history checker's table.
+# Chaos runs (tests/chaos/run.py): each nemesis (rolling kill -9 without / with AOF, SIGSTOP
+# pauses, bus partitions, random kill -9 of up to 2 nodes without / with AOF) for
+# CHAOS_SECONDS under load on 5 nodes, then the history checker's table.
 CHAOS_SECONDS ?= 60
 CHAOS_ARGS ?=
 chaos: install
@@ -75,8 +76,10 @@ chaos: install
 # seed prints its one-line reproduction.
 SEEDS ?= 1000
 SIM_CRASHES ?= 3
+SIM_RANDOM_KILL ?= 0
 sim: install
-	$(PY) -m tests.sim.schedules --seeds $(SEEDS) --crashes $(SIM_CRASHES)
+	$(PY) -m tests.sim.schedules --seeds $(SEEDS) --crashes $(SIM_CRASHES) \
+		--random-kill $(SIM_RANDOM_KILL)
 
 lint: install
 	$(VENV)/bin/ruff check disque tests benchmarks examples

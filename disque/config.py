@@ -96,6 +96,8 @@ class Config:
     hz: int = 10
     queue_idle_timeout: int = 300
     rereplicate_rate: int = 5000  # copies/s restored for restarted nodes (cluster.rereplication)
+    repair_rate: int = 5000  # copies/s of jobs short of a down holder (cluster.repair)
+    repair_grace: int = 1000  # ms a holder may be unreachable before repair copies its jobs
     # failed jobs (disque.cluster.deadletters): the policy of jobs added without one
     default_max_deliveries: int = 0
     default_max_nacks: int = 0
@@ -532,6 +534,8 @@ DIRECTIVES: tuple[Directive, ...] = (
     D("client-query-buffer-limit", _Memory(1024 * 1024), settable=True),
     D("queue-idle-timeout", _Int(1), settable=True),
     D("rereplicate-rate", _Int(0), settable=True),
+    D("repair-rate", _Int(0), settable=True),
+    D("repair-grace", _Int(0), settable=True),
     D("cluster-forget-ttl", _Int(1), settable=True),
     D("default-max-deliveries", _Int(0, 65535), settable=True),
     D("default-max-nacks", _Int(0, 65535), settable=True),

@@ -29,6 +29,7 @@ from disque.cluster.deadletters import DeadLetters
 from disque.cluster.jobs import RESPONDER_VALID_MS, ClusterJobs, Replication, ReplTimer
 from disque.cluster.messages import QUEUED_INCR_DELIV, QUEUED_INCR_NACKS, DelJob, Message
 from disque.cluster.nodes import ClusterNode
+from disque.cluster.repair import Repair
 from disque.cluster.rereplication import Rereplication
 from disque.jobs.deadletter import DeadLetter
 from disque.jobs.ids import IdGenerator, id_is_at_least_once, id_ttl_minutes
@@ -140,6 +141,7 @@ class Node(ClusterJobs):
         # `delivered` lists shared by the jobs that have the same (see shared_delivered)
         self._delivered: dict[tuple[bytes, ...], tuple[bytes, ...]] = {}
         self.rereplication = Rereplication(self)  # copies lost by restarted nodes, again
+        self.repair = Repair(self)  # copies of jobs short of a down holder, elsewhere
         self.waiting_queues: set[Queue] = set()  # queues with blocked GETJOB clients
         self.importing: set[Queue] = set()  # queues with a recent import rate
         # ADDJOB ... DEDUP <key>: queue + NUL + key -> (job id, until ms); expiry heap
@@ -1104,6 +1106,7 @@ class Node(ClusterJobs):
     def _cluster_tick(self, now: int) -> None:
         self.cluster_cron(now)
         self.rereplication.tick(now)
+        self.repair.tick(now)
         self.wheel.schedule(self._cluster_timer, now + 100)
 
     def queues_with_waiters(self) -> list[Queue]:

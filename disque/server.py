@@ -430,6 +430,8 @@ class Server:
         self.node.membership = self.membership
         self.node.leaving = self.membership.leaving
         self.node.rereplication.rate = cfg.rereplicate_rate
+        self.node.repair.rate = cfg.repair_rate
+        self.node.repair.grace = cfg.repair_grace
         self.apply_deadletter_defaults()
         self.bus = Bus(self.membership, password=cfg.cluster_password,
                        save_config=self.save_nodes_conf,
@@ -512,6 +514,9 @@ class Server:
         on_set(cfg, "queue-idle-timeout", set_node("queue_idle_timeout", "queue_idle_timeout"))
         on_set(cfg, "rereplicate-rate",
                lambda c, name: setattr(node.rereplication, "rate", c.rereplicate_rate))
+        on_set(cfg, "repair-rate", lambda c, name: setattr(node.repair, "rate", c.repair_rate))
+        on_set(cfg, "repair-grace",
+               lambda c, name: setattr(node.repair, "grace", c.repair_grace))
         for name in ("default-max-deliveries", "default-max-nacks", "deadletter-queue",
                      "redrive-rate"):
             on_set(cfg, name, self.apply_deadletter_defaults)

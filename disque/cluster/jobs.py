@@ -248,6 +248,8 @@ class ClusterJobs:
     above_copy_limit: Any
     persist_failing: Any
     rereplication: Any
+    collected: Any
+    repair: Any
     jobs: Any
     _jshards: Any
     _jmask: int
@@ -530,6 +532,7 @@ class ClusterJobs:
         schedule = self.wheel.schedule
         random = self._random
         persist = self.persist
+        collected = self.collected
         held: list[bytes] = []
         last_queue: Any = None
         q: Queue | None = None
@@ -557,7 +560,8 @@ class ClusterJobs:
             job = _new_job(Job)
             # register() and the lookup of a copy we already hold in one probe of the
             # registry (among millions of jobs, each probe is a cache miss)
-            known = shards[hash(job_id) & mask].setdefault(job_id, job)
+            shard = shards[hash(job_id) & mask]
+            known = shard.setdefault(job_id, job)
             if known is not job:
                 known.delivered = known.delivered + tuple(
                     n for n in rec_delivered if n not in known.delivered)
@@ -565,6 +569,11 @@ class ClusterJobs:
                     known.flags &= ~F_RELOADED
                     self.reload_pending.pop(job_id, None)
                 held.append(job_id)
+                continue
+            if job_id in collected:
+                # acknowledged and collected here already: a copy that raced with the GC
+                # (a repair's or a restart's REPLJOB) must not bring the job back
+                del shard[job_id]
                 continue
             job.id = job_id
             job.queue = queue
@@ -617,8 +626,11 @@ class ClusterJobs:
         rep = self.replicating.get(job_id)
         job = rep.job if rep is not None else self.lookup_job(job_id)
         if job is None or job.state != WAIT_REPL:
-            if rep is None and self.rereplication.inflight:
-                self.rereplication.confirmed(sender, job_id)  # a copy made again
+            if rep is None:
+                if self.rereplication.inflight:
+                    self.rereplication.confirmed(sender, job_id)  # a copy made again
+                if self.repair.inflight:
+                    self.repair.confirmed(sender, job_id)  # a copy on a new node
             return
         if sender not in job.confirmed:
             job.confirmed = job.confirmed + (sender,)

@@ -51,6 +51,14 @@ CONFIRM_MS = 1000  # a REPLJOB unconfirmed for this long is sent again (lost wit
 MAX_ATTEMPTS = 5
 
 
+def overdue(inflight: dict[tuple[bytes, bytes], tuple[int, int]],
+            now: int) -> list[tuple[tuple[bytes, bytes], int]]:
+    """The copies in `inflight` ((node ID, job ID) -> (sent at, attempts)) still without
+    their GOTJOB CONFIRM_MS after they were sent: [(key, attempts)]."""
+    return [(key, attempts) for key, (sent, attempts) in inflight.items()
+            if now - sent >= CONFIRM_MS]
+
+
 class Rereplication:
     """Held by the node (`node.rereplication`); `tick(now)` from the cluster cron,
     `confirmed(sender, job_id)` for a GOTJOB that answers none of ADDJOB's REPLJOBs.
@@ -149,11 +157,9 @@ class Rereplication:
 
     def _resend(self, now: int, budget: int) -> int:
         lookup = self.node.lookup_job
-        for key, (sent, attempts) in list(self.inflight.items()):
+        for key, attempts in overdue(self.inflight, now):
             if budget <= 0:
                 break
-            if now - sent < CONFIRM_MS:
-                continue
             target, job_id = key
             if not self._reachable(target):
                 continue  # kept: sent again once the link is back

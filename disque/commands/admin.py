@@ -190,6 +190,7 @@ def info_sections(server: Any) -> dict[str, list[tuple[str, Any]]]:
             ("mem_allocator", "pymalloc"),
         ],
         "Jobs": [("registered_jobs", len(node.jobs)), *node.rereplication.info_fields(),
+                 *node.repair.info_fields(),
                  ("deadlettered_jobs", node.deadletters.deadlettered),
                  ("redriven_jobs", node.deadletters.redriven),
                  ("redrive_pending", node.deadletters.pending())],

@@ -13,9 +13,14 @@ The nemeses (`NEMESES`):
 - `kill-aof`: the same with `appendonly yes`, `appendfsync everysec`;
 - `pause`: SIGSTOP one node at a time, SIGCONT later (no AOF);
 - `partition`: bus links cut by the proxies of tests/chaos/partition.py: random halves and
-  one-node isolations, healed in between.
+  one-node isolations, healed in between;
+- `random-kill`: issue 25's schedule, on a clock rather than on conditions: a kill -9 of a
+  random running node every 2-4 s, each killed node restarted 2-6 s later (empty, no AOF),
+  with up to REPLICATE-1 (2) nodes down at once; the survivors repair the copies of a down
+  node after `repair-grace` (disque.cluster.repair) and re-replicate to a restarted one;
+- `random-kill-aof`: the same with `appendonly yes`, `appendfsync everysec`.
 
-A fault lasts until the cluster has noticed it (the others see the node unreachable) and
+Except for the random kills, a fault lasts until the cluster has noticed it (the others see the node unreachable) and
 the producers made progress; after healing, the next fault waits for the full mesh and more
 progress (and, where the nodes report it, for copies lost by a restart to be restored). No
 fixed sleeps: every step polls a condition, bounded by a deadline. Only a fault the cluster
@@ -41,9 +46,11 @@ from tests.chaos.partition import BusProxies
 from tests.cluster.conftest import Cluster, cluster_nodes, cmd, myid, ok, parse_fields
 from tests.harness import DisqueProcess, free_port, wait_for
 
-NEMESES = ("kill", "kill-aof", "pause", "partition")
+NEMESES = ("kill", "kill-aof", "pause", "partition", "random-kill", "random-kill-aof")
 NODES = 5
 NODE_TIMEOUT = 1000  # ms
+REPAIR_GRACE = 300  # ms: well under NODE_TIMEOUT (disque.cluster.repair)
+MAX_DOWN = 2  # random kills: nodes down at once (REPLICATE - 1)
 PROGRESS = 150  # ADDJOB outcomes between two steps of a nemesis
 STEP_DEADLINE = 15.0  # s: a step waits at most this long for its condition
 DRAIN_DEADLINE = 120.0  # s after healing for every added job to be delivered
@@ -74,7 +81,7 @@ class ChaosCluster:
 
     def __init__(self, workdir: Path, aof: bool = False, proxied: bool = False,
                  n: int = NODES) -> None:
-        args = ["--cluster-node-timeout", str(NODE_TIMEOUT)]
+        args = ["--cluster-node-timeout", str(NODE_TIMEOUT), "--repair-grace", str(REPAIR_GRACE)]
         if aof:
             args += ["--appendonly", "yes", "--appendfsync", "everysec"]
         self.proxies = BusProxies() if proxied else None
@@ -253,15 +260,46 @@ class PartitionNemesis(Nemesis):
         return noticed
 
 
+class RandomKillNemesis(Nemesis):
+    """On a clock: every 2-4 s a kill -9 of a random running node (while fewer than
+    MAX_DOWN are down); each comes back 2-6 s after its kill. Every kill takes effect (the
+    process is gone), so all count as faults."""
+
+    def run(self, seconds: float) -> None:
+        c, rng = self.c, self.rng
+        down: dict[int, float] = {}  # node -> when it starts again
+        now = time.monotonic()
+        end = now + seconds
+        next_kill = now
+        while now < end:
+            for k, at in sorted(down.items(), key=lambda kv: kv[1]):
+                if now >= at:
+                    c.restarted(k)
+                    del down[k]
+            if now >= next_kill:
+                if len(down) < MAX_DOWN:
+                    k = rng.choice([i for i in range(len(c.nodes)) if i not in down])
+                    c.nodes[k].kill()
+                    down[k] = time.monotonic() + rng.uniform(2.0, 6.0)
+                    self.faults += 1
+                next_kill = time.monotonic() + rng.uniform(2.0, 4.0)
+            time.sleep(0.05)
+            now = time.monotonic()
+        for k in sorted(down, key=down.__getitem__):
+            time.sleep(max(0.0, down[k] - time.monotonic()))
+            c.restarted(k)
+
+
 NEMESIS_CLASSES: dict[str, type[Nemesis]] = {
     "kill": KillNemesis, "kill-aof": KillNemesis, "pause": PauseNemesis,
-    "partition": PartitionNemesis,
+    "partition": PartitionNemesis, "random-kill": RandomKillNemesis,
+    "random-kill-aof": RandomKillNemesis,
 }
 
 
 def run_chaos(nemesis: str, seconds: float, workdir: Path, seed: int = 1) -> RunResult:
     """One chaos run; the cluster and the workers are gone when it returns."""
-    c = ChaosCluster(workdir, aof=nemesis == "kill-aof", proxied=nemesis == "partition")
+    c = ChaosCluster(workdir, aof=nemesis.endswith("-aof"), proxied=nemesis == "partition")
     workers: Workers | None = None
     notes: list[str] = []
     try:

@@ -170,8 +170,11 @@ class Worker(Waiter):
 
 class SimCluster(SimNetwork):
     def __init__(self, n: int, seed: int = 0, *, check_jobs: bool = True,
+                 repair_grace: int | None = None, copy_rate: int | None = None,
                  **kw: Any) -> None:
         self.check_jobs = check_jobs
+        self.repair_grace = repair_grace  # the nodes' repair-grace (None: the default)
+        self.copy_rate = copy_rate  # their rereplicate-rate and repair-rate (None: defaults)
         self.jobnodes: list[Node] = []
         self.wake_at: list[int | None] = []
         self.deliveries: dict[bytes, list[tuple[int, int]]] = defaultdict(list)
@@ -193,6 +196,10 @@ class SimCluster(SimNetwork):
         node = Node(sn.membership.myself, self._clock, rng=rng, randbytes=rng.randbytes)
         node.membership = sn.membership
         node.leaving = sn.membership.leaving
+        if self.repair_grace is not None:
+            node.repair.grace = self.repair_grace
+        if self.copy_rate is not None:
+            node.repair.rate = node.rereplication.rate = self.copy_rate
         return node
 
     def node(self, i: int) -> Node:

@@ -42,6 +42,12 @@ N = 3
 TIMEOUT = 1000  # cluster-node-timeout of these clusters (ms)
 RESTART_AFTER = 2000  # ms a crashed node stays down
 REREPLICATION_GAP = 3000  # ms after a restart before the next crash
+KILL_NODES = 5  # the random-kill schedule (run_random_kills)
+KILL_MAX_DOWN = 2  # REPLICATE 3 - 1
+KILL_GRACE = 300  # repair-grace (ms), well under TIMEOUT
+# copies/s of re-replication and repair: the backlog here is small, so a low rate stands in
+# for a large one (restoring a restarted node's copies takes seconds, as with 100,000s)
+KILL_COPY_RATE = 100
 
 
 def formed(n: int = 3, seed: int = 0, **kw: object) -> SimCluster:
@@ -125,11 +131,21 @@ def run_schedule(seed: int, schedule: list[Any], delay: tuple[int, int], consume
             clean_since = None
         for i, repl in jobs:
             add(i, repl)
+    heal_and_check(net, adds, retry, workers, aof=aof, consumers=consumers if backlog else [],
+                   process=process, nack_rate=nack_rate)
+
+
+def heal_and_check(net: SimCluster, adds: list[Any], retry: dict[int, int], workers: list[Any],
+                   *, aof: bool, consumers: list[int], process: tuple[int, int],
+                   nack_rate: float) -> None:
+    """Everything heals (consumers start on `consumers` now, for a backlog), then the
+    invariants of the module docstring are checked."""
     net.heal()
     net.drop = 0.0
-    if backlog:
-        workers = [net.worker(i, process_ms=process, nack_rate=nack_rate) for i in consumers]
-    for i in range(N):
+    workers = workers + [net.worker(i, process_ms=process, nack_rate=nack_rate)
+                         for i in consumers]
+    n = len(net.nodes)
+    for i in range(n):
         net.resume(i)
         net.restart(i, aof)
         net.run_on(i, lambda n: n.set_leaving(False))
@@ -149,13 +165,69 @@ def run_schedule(seed: int, schedule: list[Any], delay: tuple[int, int], consume
     # And no deleted job left in a timer wheel: once the buckets of the nodes' own timers
     # (its only live entries now) have come due, no stale copy of a job is left either.
     net.run_for(10_000)
-    for i in range(N):
+    for i in range(n):
         node = net.live_node(i)
         if node is not None:
             kept = [e for e in node.wheel.entries() if isinstance(e, Job)]
             assert not kept, ("deleted jobs in the timer wheel", i, kept[:3])
     for w in workers:
         w.stop()
+
+
+def run_random_kills(seed: int, seconds: int, aof: bool, backlog: bool, delay: tuple[int, int],
+                     consumers: list[int], process: tuple[int, int], drop: float) -> None:
+    """Issue 25's schedule on KILL_NODES simulated nodes, on the clock: every 2-4 s a crash
+    of a random running node while fewer than KILL_MAX_DOWN are down, each restarted 2-6 s
+    after its crash (empty, or reloading with `aof`); REPLICATE 3 jobs (and a few
+    at-most-once ones) added all along. No job may be lost: re-replication refills a
+    restarted node and the repair (`repair-grace` KILL_GRACE ms) copies the jobs of a down
+    node elsewhere."""
+    rng = random.Random(seed)
+    net = formed(KILL_NODES, seed=seed, delay=delay, repair_grace=KILL_GRACE,
+                 copy_rate=KILL_COPY_RATE)
+    net.drop = drop
+    workers = [] if backlog else [net.worker(i, process_ms=process) for i in consumers]
+    adds: list[Any] = []
+    retry: dict[int, int] = {}
+
+    def add(i: int) -> None:
+        if net.nodes[i].state != "up":
+            return
+        k = len(adds)
+        once = k % 10 == 9
+        res = net.addjob(i, body=b"job%d" % k, replicate=1 if once else 3,
+                         retry=0 if once else 1 + k % 3, ttl=120 if once else 3600,
+                         timeout=2000)
+        retry[id(res)] = 0 if once else 1
+        adds.append(res)
+
+    down: dict[int, int] = {}  # node -> when it restarts
+    end = net.now + seconds * 1000
+    next_kill = net.now + rng.randint(500, 2000)
+    while net.now < end:
+        net.run_for(100)
+        for i, at in sorted(down.items(), key=lambda kv: kv[1]):
+            if net.now >= at:
+                net.restart(i, aof)
+                del down[i]
+        if net.now >= next_kill:
+            if len(down) < KILL_MAX_DOWN:
+                i = rng.choice([k for k in range(KILL_NODES) if k not in down])
+                net.crash(i)
+                down[i] = net.now + rng.randint(2000, 6000)
+            next_kill = net.now + rng.randint(2000, 4000)
+        for _ in range(rng.randint(0, 2)):
+            add(rng.randrange(KILL_NODES))
+    heal_and_check(net, adds, retry, workers, aof=aof, consumers=consumers if backlog else [],
+                   process=process, nack_rate=0.0)
+
+
+def random_kill_params(seed: int, seconds: int = 30) -> dict[str, Any]:
+    rng = random.Random(seed)
+    return {"seed": seed, "seconds": seconds, "aof": rng.random() < 0.5,
+            "backlog": rng.random() < 0.5, "delay": rng.choice([(1, 5), (1, 40)]),
+            "consumers": rng.sample(range(KILL_NODES), rng.randint(1, KILL_NODES)),
+            "process": rng.choice([(5, 100), (300, 4000)]), "drop": rng.choice([0.0, 0.01])}
 
 
 def random_params(seed: int, crashes: int) -> dict[str, Any]:
@@ -191,26 +263,36 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--start", type=int, default=0, help="first seed")
     ap.add_argument("--seed", type=int, help="run this one seed, with the traceback")
     ap.add_argument("--crashes", type=int, default=3, help="rolling crashes per schedule")
+    ap.add_argument("--random-kill", type=int, metavar="SECONDS", default=0,
+                    help="run issue 25's random-kill schedule for SECONDS of simulated time "
+                         "instead (5 nodes, up to 2 down at once)")
     args = ap.parse_args(argv)
+    what = (f"random kills for {args.random_kill}s" if args.random_kill
+            else f"{args.crashes} rolling crashes max")
+    again = (f"--random-kill {args.random_kill}" if args.random_kill
+             else f"--crashes {args.crashes}")
     seeds = [args.seed] if args.seed is not None else range(args.start,
                                                              args.start + args.seeds)
     failed = []
     t0 = time.monotonic()
     for k, seed in enumerate(seeds, 1):
         try:
-            run_schedule(**random_params(seed, args.crashes))
+            if args.random_kill:
+                run_random_kills(**random_kill_params(seed, args.random_kill))
+            else:
+                run_schedule(**random_params(seed, args.crashes))
         except AssertionError as e:
             failed.append(seed)
             print(f"seed {seed} FAILED: {str(e)[:300]}\n  reproduce: .venv/bin/python -m "
-                  f"tests.sim.schedules --seed {seed} --crashes {args.crashes}", flush=True)
+                  f"tests.sim.schedules --seed {seed} {again}", flush=True)
             if args.seed is not None:
                 traceback.print_exc()
         if k % 500 == 0:
             print(f"{k} schedules, {len(failed)} failed, {time.monotonic() - t0:.0f}s",
                   file=sys.stderr, flush=True)
     total = len(seeds)
-    print(f"{total - len(failed)} of {total} schedules clean ({args.crashes} rolling crashes "
-          f"max each), {time.monotonic() - t0:.0f}s; failing seeds: {failed}")
+    print(f"{total - len(failed)} of {total} schedules clean ({what} each), "
+          f"{time.monotonic() - t0:.0f}s; failing seeds: {failed}")
     return 1 if failed else 0
 
 

@@ -14,7 +14,13 @@ from disque.cluster.messages import DelJob
 from disque.jobs.job import ACKED, ACTIVE, QUEUED
 from disque.queues.queue import PAUSE_IN
 from tests.sim.cluster import SimCluster
-from tests.sim.schedules import formed, random_params, run_schedule
+from tests.sim.schedules import (
+    formed,
+    random_kill_params,
+    random_params,
+    run_random_kills,
+    run_schedule,
+)
 
 TIMEOUT = 1000  # cluster-node-timeout of these clusters (the one of schedules.formed)
 
@@ -205,6 +211,42 @@ def test_sync_addjobs_do_not_wait_for_a_crashed_node() -> None:
     assert net.flags_of(0, 2) == [] and net.flags_of(1, 2) == []  # never flagged
 
 
+def test_the_jobs_of_down_holders_are_repaired_and_outlive_the_next_crash() -> None:
+    """Issue 25: REPLICATE 3 on 5 nodes, two holders of every job crash one after the other
+    (up to REPLICATE-1 down at once): after repair-grace each job is copied to live nodes,
+    so a third crash, right after one of them restarted empty (before re-replication can
+    refill it), loses nothing."""
+    net = formed(5, seed=3, repair_grace=300)
+    adds = [net.addjob(0, replicate=3, retry=30, timeout=5000) for _ in range(30)]
+    assert net.run_until_true(lambda: all(r.done for r in adds), 5000)
+    jobs = [r.ok for r in adds]
+    assert all(jobs)
+    net.crash(1)
+    net.run_for(1000)
+    assert all(len(net.holders(j)) == 3 for j in jobs)  # copies of node 1's jobs made again
+    net.crash(2)
+    net.run_for(1000)
+    assert all(len(net.holders(j)) == 3 for j in jobs)
+    repaired = sum(net.node(i).repair.repaired for i in (0, 3, 4))
+    assert repaired >= sum(1 for j in jobs if set(net.node(0).lookup_job(j).delivered)
+                           & {net.nodes[1].id, net.nodes[2].id})
+    net.restart(1)
+    net.crash(0)  # before node 1 got any copy back
+    net.run_for(1000)
+    net.restart(0)
+    net.restart(2)
+    assert net.run_until_true(net.full_mesh, 30_000)
+    for i in range(5):
+        net.worker(i)
+    assert net.run_until_true(lambda: all(net.deliveries[j] for j in jobs), 60_000, step=100)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_random_kills_of_up_to_two_nodes_lose_no_job(seed: int) -> None:
+    """A short run of the schedule `make sim SIM_RANDOM_KILL=...` runs for many seeds."""
+    run_random_kills(**random_kill_params(seed, 20))
+
+
 # ---------------------------------------------------------------------------- partitions
 def test_a_job_stuck_in_a_minority_partition_is_requeued_by_the_majority() -> None:
     net = formed(3, seed=8)
@@ -300,8 +342,9 @@ def test_seeds_found_by_make_sim_lose_no_job(seed: int) -> None:
 def test_rolling_crashes_of_every_holder_without_aof_lose_no_job() -> None:
     """Issue 13, part 1: each holder of a REPLICATE 2 job crashes in turn and comes back
     empty; the survivor sends the restarted one its copy again (a new incarnation in its
-    headers), so after the last crash a copy is still there and the job is delivered."""
-    net = formed(3, seed=21)
+    headers), so after the last crash a copy is still there and the job is delivered. (No
+    repair here: it would copy the jobs to the third node while one is down.)"""
+    net = formed(3, seed=21, repair_grace=10**9)
     jids = [added(net, k % 3, replicate=2, retry=2) for k in range(12)]
     for i in (0, 1, 2, 0, 1):
         net.crash(i)

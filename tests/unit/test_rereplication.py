@@ -7,60 +7,25 @@ import random
 
 from disque.cluster.membership import Connect, Log, Membership
 from disque.cluster.messages import INCARNATION_SHIFT, GotJob, Header, Ping, ReplJob
-from disque.cluster.nodes import LEAVING, ClusterNode
+from disque.cluster.nodes import LEAVING
 from disque.cluster.rereplication import CONFIRM_MS, MAX_ATTEMPTS
 from disque.jobs.job import ACKED, F_RELOADED
-from disque.node import Node
+from tests.unit.noderig import ME, T0, NodeRig
 
-T0 = 1_700_000_000_000
-ME = b"0123abcd" + b"e" * 32
 A, B = (bytes([c]) * 40 for c in b"ab")
 IPS = {A: b"10.0.0.2", B: b"10.0.0.3"}
 
 
-class Rig:
+class Rig(NodeRig):
     def __init__(self, rate: int = 5000) -> None:
-        self.now = T0
-        rng = random.Random(1)
-        self.node = Node(ME, self.clock, rng=rng, randbytes=rng.randbytes)
-        self.m = Membership(ME, 7711, clock=self.clock, rng=random.Random(2))
-        self.m.load([ClusterNode(p, ip, 7711) for p, ip in IPS.items()])
-        self.node.membership = self.m
+        super().__init__(IPS)
         self.node.rereplication.rate = rate
-        self.link = object()
-        self.m.link_accepted(self.link, b"10.0.0.1")
-        # our outbound links to both peers are up (copies go only over a link)
-        self.out_links: dict[bytes, object] = {}
-        self.connect()
-
-    def connect(self) -> None:
-        """Our outbound links to the peers without one come up (copies go only over a
-        link): Membership's tick asks for them, the I/O layer reports them connected."""
-        self.m.tick(self.now)
-        for e in self.m.drain():
-            if type(e) is Connect:
-                link = self.out_links[e.node_id] = object()
-                self.m.link_connected(link, e.token)
-        self.m.drain()
-
-    def clock(self) -> int:
-        return self.now
+        self.node.repair.rate = 0  # no peer's link drops here
 
     def ping_from(self, peer: bytes, incarnation: int, flags: int = 0) -> None:
         """A PING on an inbound link, announcing the peer's incarnation (and `flags`)."""
         h = Header(peer, IPS[peer], 7711, 17711, incarnation << INCARNATION_SHIFT | flags)
         self.m.link_message(self.link, Ping(h, []), IPS[peer])
-
-    def cron(self) -> list[tuple[bytes, object]]:
-        """The node's timers for 100 ms (one cluster cron); the messages it sent."""
-        target = self.now + 100
-        while (nd := self.node.next_due()) is not None and nd <= target:
-            self.now = max(self.now, nd)
-            self.node.tick(self.now)
-        self.now = target
-        self.node.tick(target)
-        out, self.node.out = self.node.out, []
-        return out
 
     def copy(self, retry: int = 10, delivered: tuple[bytes, ...] = (A, B, ME)) -> bytes:
         """A job of which this node holds a copy (added here with REPLICATE 3)."""

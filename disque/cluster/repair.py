@@ -1,0 +1,251 @@
+"""Repair of under-replicated jobs: a copy lost with a down node is made on another node
+(issue 25, part 2).
+
+Re-replication (disque.cluster.rereplication) restores the copies of a node that comes
+back; while it is down, its jobs have one copy fewer, and if their other holders crash
+before it returns, the jobs are gone. HDFS re-replicates the blocks of a dead datanode and
+quorum queues replace a lost member for the same reason. Here, when a holder of a job has
+been unreachable (no bus link, or flagged failing) for longer than a grace (`repair-grace`,
+1000 ms by default, well under `cluster-node-timeout`), the job is copied to other nodes
+until it has REPLICATE reachable copies again:
+
+- each surviving holder walks its registry (shard by shard, `SCAN_PER_TICK` jobs per
+  cluster cron) when a node passes its grace, or when the set of linked nodes changes while
+  some node is past it (a node came back, another went down: a target may have appeared);
+- a job counts its reachable copies: this node, holders with a bus link, and holders still
+  within their grace; fewer than REPLICATE and one holder repairs it: the reachable holder
+  ranked first for this job (node IDs XORed with the job ID's random chars, as
+  `sender_wins` does, so repairs spread over the survivors). Holders that see the
+  cluster differently may both repair: a copy too many costs nothing but memory;
+- the repairer adds new nodes (linked, not listed yet, chosen at random) to the job's node
+  list first, then sends them the job (REPLJOB, GOTJOB back) and the grown list to the
+  other reachable holders (REPLJOB without reply, which only merges lists). The list grows
+  before the copy exists so that an ACK racing with the repair reaches the new copy too
+  (a SETACK with a shorter list makes the holder with the longer one run the GC);
+- ACK GC, requeues, dead letters and federation follow the node list, so they reach the new
+  copy; when the old holder comes back, re-replication sends it the job with the grown list,
+  and the extra copy is collected with the others once the job is acknowledged;
+- only jobs that may still be delivered are copied (as re-replication: active or queued,
+  RETRY > 0, no dummy ACK, no copy reloaded from the AOF that no holder confirmed yet); an
+  at-most-once job (RETRY 0) never gets a second copy;
+- at most `repair-rate` copies per second (0: off), spent every cluster cron; a copy not
+  confirmed within CONFIRM_MS is sent again while its target stays linked, at most
+  MAX_ATTEMPTS times (then the target leaves the job's list here); both as re-replication.
+
+INFO (jobs section): `underreplicated_jobs` (jobs held here that the last walk found with
+fewer reachable copies than REPLICATE and did not repair from here, plus the repairs waiting
+for their GOTJOB; 0 once every node is reachable again) and `repaired_jobs` (copies made on
+new nodes and confirmed, since start).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from disque.cluster.jobs import job_record
+from disque.cluster.messages import ReplJob
+from disque.cluster.nodes import HANDSHAKE, LEAVING, MYSELF
+from disque.cluster.rereplication import MAX_ATTEMPTS, overdue
+from disque.jobs.job import ACTIVE, F_DUMMY, F_RELOADED, QUEUED
+
+DEFAULT_RATE = 5000  # copies per second (repair-rate)
+DEFAULT_GRACE_MS = 1000  # a holder unreachable this long has its copies made again
+CRON_PER_SECOND = 10  # the cluster cron runs every 100 ms
+SCAN_PER_TICK = 20_000  # jobs looked at per cluster cron while walking the registry
+
+
+def rank(node_id: bytes, job_id: bytes) -> bytes:
+    """The order in which the holders of `job_id` are asked to repair it: the first 8
+    bytes of the node ID XORed with the job ID's random chars (lowest first)."""
+    return bytes([node_id[i] ^ job_id[11 + i] for i in range(8)])
+
+
+class Repair:
+    """Held by the node (`node.repair`); `tick(now)` from the cluster cron,
+    `confirmed(sender, job_id)` for a GOTJOB that answers neither ADDJOB nor
+    re-replication.
+
+    The node's door: `membership.nodes()`, `linked_others()`, `jobs.shard_count()` /
+    `jobs.shard(i)`, `lookup_job(id)`, `send(node_id, msg)`, `header()`, `myself`, `rng`."""
+
+    __slots__ = ("node", "rate", "grace", "down", "stale_seen", "linked_seen", "cursor",
+                 "again", "inflight", "pending", "repaired", "under", "found")
+
+    def __init__(self, node: Any, rate: int = DEFAULT_RATE,
+                 grace: int = DEFAULT_GRACE_MS) -> None:
+        self.node = node
+        self.rate = rate  # copies per second; 0: repair off
+        self.grace = grace  # ms a holder may be unreachable before its copies are made
+        self.down: dict[bytes, int] = {}  # unreachable node -> since (ms)
+        self.stale_seen: frozenset[bytes] = frozenset()  # past their grace at the last tick
+        self.linked_seen: Any = None  # the linked tuple of the last tick
+        self.cursor = -1  # next registry shard of the walk under way (-1: none)
+        self.again = False  # walk again once the walk under way ends
+        # (target, job ID) -> (sent at ms, attempts): copies waiting for their GOTJOB
+        self.inflight: dict[tuple[bytes, bytes], tuple[int, int]] = {}
+        self.pending: dict[bytes, int] = {}  # job ID -> its entries in `inflight`
+        self.repaired = 0
+        self.under = 0  # found by the last finished walk
+        self.found = 0  # found so far by the walk under way
+
+    # ------------------------------------------------------------------ events
+    def tick(self, now: int) -> None:
+        node = self.node
+        membership = node.membership
+        if membership is None or not self.rate:
+            return
+        linked = node.linked_others()
+        down = self.down
+        alive = set(linked)
+        spared: set[bytes] = set()  # counted as holders: leaving (linked) or within grace
+        known = set()
+        for n in membership.nodes():
+            if n.bits & (MYSELF | HANDSHAKE):
+                continue
+            known.add(n.id)
+            if n.id in alive:
+                down.pop(n.id, None)
+            elif n.bits & LEAVING and n.out_link is not None:
+                down.pop(n.id, None)
+                spared.add(n.id)
+            elif n.id not in down:
+                down[n.id] = now
+        for n_id in [n for n in down if n not in known]:
+            del down[n_id]  # forgotten: its copies count as lost
+        grace = self.grace
+        stale = frozenset(n for n, since in down.items() if now - since >= grace)
+        spared.update(n for n in down if n not in stale)
+        if not stale:
+            self.under = self.found = 0
+            self.cursor = -1
+            self.again = False
+        elif stale != self.stale_seen or linked is not self.linked_seen:
+            self.walk_again()
+        self.stale_seen = stale
+        self.linked_seen = linked
+        budget = max(1, self.rate // CRON_PER_SECOND)
+        if self.inflight:
+            budget = self._resend(now, budget, alive)
+        if self.cursor >= 0 and budget > 0:
+            self._walk(now, budget, linked, alive, spared)
+
+    def walk_again(self) -> None:
+        if self.cursor < 0:
+            self.cursor = 0
+            self.found = 0
+        else:
+            self.again = True
+
+    def confirmed(self, sender: bytes, job_id: bytes) -> None:
+        if self._settled((sender, job_id)):
+            self.repaired += 1
+
+    def _settled(self, key: tuple[bytes, bytes]) -> bool:
+        """Forget a copy waiting for its GOTJOB; whether it was waiting."""
+        if self.inflight.pop(key, None) is None:
+            return False
+        pending = self.pending
+        left = pending[key[1]] - 1
+        if left:
+            pending[key[1]] = left
+        else:
+            del pending[key[1]]
+        return True
+
+    # ------------------------------------------------------------------ internals
+    def _walk(self, now: int, budget: int, linked: tuple[bytes, ...], alive: set[bytes],
+              spared: set[bytes]) -> None:
+        node = self.node
+        jobs = node.jobs
+        count = jobs.shard_count()
+        myself = node.myself
+        pending = self.pending
+        cursor = self.cursor
+        looked = 0
+        while cursor < count and looked < SCAN_PER_TICK and budget > 0:
+            shard = jobs.shard(cursor)
+            cursor += 1
+            if not shard:
+                continue
+            looked += len(shard)
+            for job in list(shard.values()):
+                if (job.state != ACTIVE and job.state != QUEUED) or not job.retry \
+                        or job.flags & (F_DUMMY | F_RELOADED):
+                    continue
+                delivered = job.delivered
+                live = [n for n in delivered if n == myself or n in alive]
+                short = job.repl - len(live)
+                if short <= 0:
+                    continue
+                short -= sum(1 for n in delivered if n in spared)  # may still come back
+                if short <= 0:
+                    continue
+                job_id = job.id
+                if min(live, key=lambda n: rank(n, job_id)) != myself:
+                    self.found += 1  # another reachable holder repairs it
+                    continue
+                if job_id in pending:
+                    continue  # a repair of it is under way
+                candidates = [n for n in linked if n not in delivered]
+                if not candidates:
+                    self.found += 1  # nowhere to copy it now (walked again on a change)
+                    continue
+                targets = node.rng.sample(candidates, min(short, len(candidates)))
+                self._copy(job, targets, live, now)
+                budget -= len(targets)
+        if cursor >= count:
+            self.under = self.found
+            self.found = 0
+            if self.again:
+                self.again = False
+                self.cursor = 0
+            else:
+                self.cursor = -1
+        else:
+            self.cursor = cursor
+
+    def _copy(self, job: Any, targets: list[bytes], live: list[bytes], now: int) -> None:
+        """Grow the job's node list, send the job to `targets` and the list to the other
+        reachable holders."""
+        node = self.node
+        job.delivered = job.delivered + tuple(targets)
+        rec = job_record(job, now)
+        header = node.header()
+        msg = ReplJob(header, rec, False)
+        for t in targets:
+            node.send(t, msg)
+            self.inflight[(t, job.id)] = (now, 1)
+        self.pending[job.id] = self.pending.get(job.id, 0) + len(targets)
+        merge = ReplJob(header, rec, True)
+        myself = node.myself
+        for n in live:
+            if n != myself:
+                node.send(n, merge)
+
+    def _resend(self, now: int, budget: int, alive: set[bytes]) -> int:
+        node = self.node
+        for key, attempts in overdue(self.inflight, now):
+            if budget <= 0:
+                break
+            target, job_id = key
+            self._settled(key)
+            job = node.lookup_job(job_id)
+            if job is None or job.state not in (ACTIVE, QUEUED):
+                continue
+            if target not in alive:
+                continue  # down too: the next walk finds the job short again
+            if attempts >= MAX_ATTEMPTS:
+                # refused (e.g. above its memory limit): not a copy; the next walk may
+                # choose another node
+                job.delivered = tuple(n for n in job.delivered if n != target)
+                continue
+            node.send(target, ReplJob(node.header(), job_record(job, now), False))
+            self.inflight[key] = (now, attempts + 1)
+            self.pending[job_id] = self.pending.get(job_id, 0) + 1
+            budget -= 1
+        return budget
+
+    # ------------------------------------------------------------------ views
+    def info_fields(self) -> list[tuple[str, int]]:
+        return [("underreplicated_jobs", max(self.under, self.found) + len(self.inflight)),
+                ("repaired_jobs", self.repaired)]

@@ -1,0 +1,69 @@
+"""Repair of under-replicated jobs (issue 25), on 4 real processes.
+
+Jobs with REPLICATE 2 are added on node a, each with its second copy on b, c or d. One of
+those is killed (kill -9): after `repair-grace` the jobs it held get a copy on another live
+node, made by a or by their other holder, and node a's list grows to name it. The killed node
+comes back empty (no AOF); once every job is acknowledged, no node holds any copy: the
+extra copies are collected with the others.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.cluster.conftest import cmd, parse_fields
+from tests.harness import wait_for
+
+NODE_TIMEOUT = 60_000  # ms: the killed node is never flagged failing; only its link drops
+GRACE = 300
+
+
+def show(proc: Any, job_id: str) -> dict[bytes, Any] | None:
+    reply = cmd(proc, "SHOW", job_id)
+    return None if reply is None else dict(zip(*[iter(reply)] * 2, strict=True))
+
+
+def holders(procs: list[Any], job_id: str) -> list[Any]:
+    return [p for p in procs if p.alive() and show(p, job_id) is not None]
+
+
+def jobs_info(proc: Any) -> dict[str, str]:
+    return parse_fields(cmd(proc, "INFO", "jobs"))
+
+
+def test_jobs_short_of_a_killed_holder_get_a_copy_elsewhere_and_are_collected_later(
+        cluster) -> None:  # type: ignore[no-untyped-def]
+    c = cluster(4, node_timeout=NODE_TIMEOUT, args=["--repair-grace", str(GRACE)])
+    nodes = list(c.nodes)
+    a = nodes[0]
+    ids = c.ids()
+    jobs = [str(cmd(a, "ADDJOB", "rq", f"j{i}", 5000, "REPLICATE", 2, "RETRY", 30))
+            for i in range(60)]
+    second = {j: next(p for p in nodes[1:] if show(p, j) is not None) for j in jobs}
+    victim = max(nodes[1:], key=lambda p: sum(1 for s in second.values() if s is p))
+    lost = [j for j in jobs if second[j] is victim]
+    assert lost
+    victim.kill()
+    live = [p for p in nodes if p is not victim]
+    wait_for(lambda: all(len(holders(live, j)) >= 2 for j in lost),
+             what="a second live copy of every job the killed node held", timeout=30)
+    vid = ids[nodes.index(victim)]
+    for j in lost:
+        listed = {n.decode() for n in show(a, j)[b"nodes-delivered"]}
+        assert vid in listed and len(listed) == 3, listed  # the list grew, nothing dropped
+        assert {ids[nodes.index(p)] for p in holders(live, j)} <= listed
+    assert sum(int(jobs_info(p)["repaired_jobs"]) for p in live) >= len(lost)
+    wait_for(lambda: all(jobs_info(p)["underreplicated_jobs"] == "0" for p in live),
+             what="no job counted short any more")
+    # untouched: the jobs whose copies all live
+    for j in jobs:
+        if j not in lost:
+            assert len(holders(live, j)) == 2
+
+    victim.start()  # empty (no AOF); re-replication gives it its copies back
+    c.wait_mesh()
+    for j in jobs:
+        cmd(a, "ACKJOB", j)
+    wait_for(lambda: not any(holders(nodes, j) for j in jobs),
+             what="every copy collected, the extra ones and the restarted node's too",
+             timeout=30)

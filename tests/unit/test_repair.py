@@ -1,0 +1,172 @@
+"""Repair of under-replicated jobs (disque.cluster.repair), sans-I/O: a node and its
+Membership on a fake clock, three peers whose bus links come and go."""
+
+from __future__ import annotations
+
+from disque.cluster.jobs import job_record
+from disque.cluster.messages import DelJob, GotJob, Header, ReplJob
+from disque.cluster.repair import DEFAULT_GRACE_MS, rank
+from disque.cluster.rereplication import CONFIRM_MS, MAX_ATTEMPTS
+from disque.jobs.job import F_RELOADED
+from tests.unit.noderig import ME, NodeRig
+
+A, B, C = (bytes([c]) * 40 for c in b"abc")
+IPS = {A: b"10.0.0.2", B: b"10.0.0.3", C: b"10.0.0.4"}
+
+
+class Rig(NodeRig):
+    def __init__(self, rate: int = 5000) -> None:
+        super().__init__(IPS)
+        self.node.repair.rate = rate
+        self.node.rereplication.rate = 0  # no restart in these tests
+
+    def drop(self, peer: bytes) -> None:
+        """Our bus link to `peer` goes away (the peer was killed)."""
+        self.m.link_closed(self.out_links.pop(peer))
+        self.m.drain()
+
+    def crons(self, ms: int) -> list[tuple[bytes, object]]:
+        out = []
+        for _ in range(ms // 100):
+            out += self.cron()
+        return out
+
+    def copy(self, retry: int = 10, delivered: tuple[bytes, ...] = (A, B, ME),
+             first: bytes | None = ME) -> bytes:
+        """A job held here with REPLICATE len(delivered); with `first`, one whose holder
+        ranked first for repairs among `delivered` minus A is `first`."""
+        while True:
+            job = self.node.add_job(b"q", b"body", 0, len(delivered), 3600, retry or 10, 0,
+                                    None, True)
+            job.retry = retry  # (RETRY 0 forces REPLICATE 1 at ADDJOB: the guard is the test)
+            live = [n for n in delivered if n != A]
+            if first is None or min(live, key=lambda n: rank(n, job.id)) == first:
+                break
+            self.node.delete_job(job)
+        job.delivered = delivered
+        self.node.out = []
+        return job.id
+
+    def info(self) -> dict[str, int]:
+        return dict(self.node.repair.info_fields())
+
+
+def repljobs(out: list[tuple[bytes, object]]) -> list[tuple[bytes, bytes, bool]]:
+    return [(to, msg.job.id, msg.noreply) for to, msg in out if type(msg) is ReplJob]
+
+
+def test_a_job_short_of_a_holder_down_past_the_grace_gets_a_copy_on_another_node() -> None:
+    r = Rig()
+    jid = r.copy()
+    r.drop(A)
+    assert repljobs(r.crons(DEFAULT_GRACE_MS - 200)) == []  # within the grace: waited for
+    out = r.crons(400)
+    # the copy goes to C, the only linked node not holding it; B hears of the grown list
+    assert sorted(repljobs(out)) == [(B, jid, True), (C, jid, False)]
+    for _, msg in out:
+        assert set(msg.job.delivered) == {A, B, C, ME}
+    assert set(r.node.lookup_job(jid).delivered) == {A, B, C, ME}
+    assert r.info() == {"underreplicated_jobs": 1, "repaired_jobs": 0}
+    r.node.on_message(C, GotJob(Header(C, b"", 7711, 17711, 0), jid))
+    assert r.info() == {"underreplicated_jobs": 0, "repaired_jobs": 1}
+    assert repljobs(r.crons(3000)) == []  # repaired once
+
+
+def test_the_holder_ranked_first_repairs_and_the_others_count_the_job_short() -> None:
+    r = Rig()
+    r.copy(first=B)
+    r.drop(A)
+    assert repljobs(r.crons(2000)) == []
+    assert r.info() == {"underreplicated_jobs": 1, "repaired_jobs": 0}
+
+
+def test_a_holder_back_within_the_grace_costs_no_copy() -> None:
+    r = Rig()
+    r.copy()
+    r.drop(A)
+    r.crons(DEFAULT_GRACE_MS - 300)
+    r.connect()
+    assert repljobs(r.crons(3000)) == []
+    assert r.info() == {"underreplicated_jobs": 0, "repaired_jobs": 0}
+
+
+def test_at_most_once_reloaded_and_fully_reachable_jobs_are_not_copied() -> None:
+    r = Rig()
+    r.copy(retry=0)  # at-most-once: a second copy could deliver it twice
+    ghost = r.copy()
+    r.node.lookup_job(ghost).flags |= F_RELOADED  # read from the AOF, not confirmed yet
+    r.copy(delivered=(B, ME))  # A holds no copy of it
+    acked = r.copy()
+    r.node.ack_job(r.node.lookup_job(acked))
+    r.drop(A)
+    assert repljobs(r.crons(2000)) == []
+
+
+def test_with_no_node_left_to_copy_to_the_job_waits_for_one() -> None:
+    r = Rig()
+    r.copy(delivered=(A, B, C, ME))  # every node holds it
+    r.drop(A)
+    assert repljobs(r.crons(2000)) == []
+    assert r.info()["underreplicated_jobs"] == 1
+
+
+def test_copies_go_to_a_node_whose_link_comes_back_later() -> None:
+    r = Rig()
+    jid = r.copy()
+    r.drop(C)  # the only node that could take a copy
+    r.crons(200)
+    r.drop(A)
+    assert repljobs(r.crons(2000)) == []
+    assert r.info()["underreplicated_jobs"] == 1
+    r.connect()  # both links back (C is a target again, and A holds its copy again)
+    assert repljobs(r.crons(1000)) == []  # nothing is short any more
+    r.drop(A)
+    out = repljobs(r.crons(1500))
+    assert (C, jid, False) in out
+
+
+def test_copies_are_made_at_most_at_the_configured_rate() -> None:
+    r = Rig(rate=20)  # 2 per cluster cron
+    jids = {r.copy() for _ in range(5)}
+    r.drop(A)
+    r.crons(DEFAULT_GRACE_MS)
+    sent = [[j for to, j, noreply in repljobs(r.cron()) if not noreply] for _ in range(4)]
+    sent = [s for s in sent if s] + [[]]
+    got = {j for s in sent for j in s}
+    assert all(len(s) <= 2 for s in sent) and got <= jids
+    for _ in range(5):
+        got |= {j for to, j, noreply in repljobs(r.cron()) if not noreply}
+    assert got == jids
+
+
+def test_rate_zero_turns_repair_off() -> None:
+    r = Rig(rate=0)
+    r.copy()
+    r.drop(A)
+    assert repljobs(r.crons(3000)) == []
+
+
+def test_an_unconfirmed_copy_is_sent_again_then_its_target_leaves_the_list() -> None:
+    r = Rig()
+    jid = r.copy()
+    r.drop(A)
+    sends = sum(1 for to, j, noreply in repljobs(r.crons(1500)) if to == C)
+    assert sends == 1
+    sends += sum(1 for to, j, noreply in repljobs(r.crons(MAX_ATTEMPTS * CONFIRM_MS + 500))
+                 if to == C and not noreply)
+    assert sends == MAX_ATTEMPTS
+    assert C not in r.node.lookup_job(jid).delivered  # refused: not counted as a copy
+    assert r.info()["repaired_jobs"] == 0
+
+
+def test_a_copy_of_a_job_collected_here_is_not_taken_back() -> None:
+    # a repair's (or a restart's) REPLJOB racing with the ACK GC must not resurrect the job
+    r = Rig()
+    jid = r.copy()
+    job = r.node.lookup_job(jid)
+    r.node.ack_job(job)
+    r.node.on_message(B, DelJob(Header(B, b"", 7711, 17711, 0), jid))
+    assert r.node.lookup_job(jid) is None and jid in r.node.collected
+    r.node.on_message(B, ReplJob(Header(B, b"", 7711, 17711, 0), job_record(job, r.now)))
+    assert r.node.lookup_job(jid) is None
+    assert [m for _, m in r.node.out if type(m) is GotJob] == []
