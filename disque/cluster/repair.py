@@ -54,10 +54,10 @@ CRON_PER_SECOND = 10  # the cluster cron runs every 100 ms
 SCAN_PER_TICK = 20_000  # jobs looked at per cluster cron while walking the registry
 
 
-def rank(node_id: bytes, job_id: bytes) -> bytes:
+def rank(node_id: bytes, job_id: bytes) -> int:
     """The order in which the holders of `job_id` are asked to repair it: the first 8
-    bytes of the node ID XORed with the job ID's random chars (lowest first)."""
-    return bytes([node_id[i] ^ job_id[11 + i] for i in range(8)])
+    bytes of the node ID XORed with 8 of the job ID's random chars (lowest first)."""
+    return int.from_bytes(node_id[:8], "big") ^ int.from_bytes(job_id[11:19], "big")
 
 
 class Repair:
@@ -127,7 +127,7 @@ class Repair:
         if self.inflight:
             budget = self._resend(now, budget, alive)
         if self.cursor >= 0 and budget > 0:
-            self._walk(now, budget, linked, alive, spared)
+            self._walk(now, budget, linked, alive, spared, stale)
 
     def walk_again(self) -> None:
         if self.cursor < 0:
@@ -154,14 +154,18 @@ class Repair:
 
     # ------------------------------------------------------------------ internals
     def _walk(self, now: int, budget: int, linked: tuple[bytes, ...], alive: set[bytes],
-              spared: set[bytes]) -> None:
+              spared: set[bytes], stale: frozenset[bytes]) -> None:
         node = self.node
         jobs = node.jobs
         count = jobs.shard_count()
         myself = node.myself
+        my_rank = int.from_bytes(myself[:8], "big")  # (see `rank`)
         pending = self.pending
         cursor = self.cursor
         looked = 0
+        # per distinct node list (jobs added together share one tuple): its reachable
+        # holders and the copies it is short of (holders within their grace count)
+        lists: dict[tuple[bytes, ...], tuple[list[bytes], int, list[int]]] = {}
         while cursor < count and looked < SCAN_PER_TICK and budget > 0:
             shard = jobs.shard(cursor)
             cursor += 1
@@ -169,20 +173,25 @@ class Repair:
                 continue
             looked += len(shard)
             for job in list(shard.values()):
-                if (job.state != ACTIVE and job.state != QUEUED) or not job.retry \
-                        or job.flags & (F_DUMMY | F_RELOADED):
-                    continue
                 delivered = job.delivered
-                live = [n for n in delivered if n == myself or n in alive]
-                short = job.repl - len(live)
-                if short <= 0:
+                if stale.isdisjoint(delivered) or (job.state != ACTIVE and job.state != QUEUED) \
+                        or not job.retry or job.flags & (F_DUMMY | F_RELOADED):
                     continue
-                short -= sum(1 for n in delivered if n in spared)  # may still come back
+                seen = lists.get(delivered)
+                if seen is None:
+                    live = [n for n in delivered if n == myself or n in alive]
+                    seen = lists[delivered] = (
+                        live, len(live) + sum(1 for n in delivered if n in spared),
+                        [int.from_bytes(n[:8], "big") for n in live if n != myself])
+                live, counted, others = seen
+                short = job.repl - counted
                 if short <= 0:
                     continue
                 job_id = job.id
-                if min(live, key=lambda n: rank(n, job_id)) != myself:
-                    self.found += 1  # another reachable holder repairs it
+                key = int.from_bytes(job_id[11:19], "big")
+                mine = my_rank ^ key
+                if any(o ^ key < mine for o in others):
+                    self.found += 1  # another reachable holder ranks first: it repairs
                     continue
                 if job_id in pending:
                     continue  # a repair of it is under way
@@ -191,7 +200,7 @@ class Repair:
                     self.found += 1  # nowhere to copy it now (walked again on a change)
                     continue
                 targets = node.rng.sample(candidates, min(short, len(candidates)))
-                self._copy(job, targets, live, now)
+                self._copy(job, targets, live, now)  # (job.delivered is a new tuple now)
                 budget -= len(targets)
         if cursor >= count:
             self.under = self.found

@@ -54,9 +54,15 @@ MAX_ATTEMPTS = 5
 def overdue(inflight: dict[tuple[bytes, bytes], tuple[int, int]],
             now: int) -> list[tuple[tuple[bytes, bytes], int]]:
     """The copies in `inflight` ((node ID, job ID) -> (sent at, attempts)) still without
-    their GOTJOB CONFIRM_MS after they were sent: [(key, attempts)]."""
-    return [(key, attempts) for key, (sent, attempts) in inflight.items()
-            if now - sent >= CONFIRM_MS]
+    their GOTJOB CONFIRM_MS after they were sent: [(key, attempts)]. Entries are inserted
+    when sent (a copy sent again is removed first), so they are in the order of their
+    send times: the walk stops at the first one not due."""
+    due = []
+    for key, (sent, attempts) in inflight.items():
+        if now - sent < CONFIRM_MS:
+            break
+        due.append((key, attempts))
+    return due
 
 
 class Rereplication:
