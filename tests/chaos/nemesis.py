@@ -80,8 +80,9 @@ class ChaosCluster:
     """NODES real nodes; with `proxied`, every bus link goes through BusProxies."""
 
     def __init__(self, workdir: Path, aof: bool = False, proxied: bool = False,
-                 n: int = NODES) -> None:
-        args = ["--cluster-node-timeout", str(NODE_TIMEOUT), "--repair-grace", str(REPAIR_GRACE)]
+                 n: int = NODES, node_args: tuple[str, ...] = ()) -> None:
+        args = ["--cluster-node-timeout", str(NODE_TIMEOUT), "--repair-grace", str(REPAIR_GRACE),
+                *node_args]
         if aof:
             args += ["--appendonly", "yes", "--appendfsync", "everysec"]
         self.proxies = BusProxies() if proxied else None
@@ -297,9 +298,12 @@ NEMESIS_CLASSES: dict[str, type[Nemesis]] = {
 }
 
 
-def run_chaos(nemesis: str, seconds: float, workdir: Path, seed: int = 1) -> RunResult:
-    """One chaos run; the cluster and the workers are gone when it returns."""
-    c = ChaosCluster(workdir, aof=nemesis.endswith("-aof"), proxied=nemesis == "partition")
+def run_chaos(nemesis: str, seconds: float, workdir: Path, seed: int = 1,
+              node_args: tuple[str, ...] = ()) -> RunResult:
+    """One chaos run; the cluster and the workers are gone when it returns. `node_args`:
+    more options for every node (e.g. `--repair-rate 0` to compare)."""
+    c = ChaosCluster(workdir, aof=nemesis.endswith("-aof"), proxied=nemesis == "partition",
+                     node_args=node_args)
     workers: Workers | None = None
     notes: list[str] = []
     try:

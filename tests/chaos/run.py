@@ -2,11 +2,13 @@
 against a fresh 5-node cluster and print the history checker's table.
 
     python -m tests.chaos.run --seconds 60 [--nemesis kill,pause] [--seed 1]
+                              [--node-args "--repair-rate 0"]
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import tempfile
 from pathlib import Path
@@ -20,6 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nemesis", default=",".join(NEMESES),
                     help=f"comma-separated, from {', '.join(NEMESES)}")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--node-args", default="", help="more options for every node")
     args = ap.parse_args(argv)
     chosen = [n for n in args.nemesis.split(",") if n]
     bad = [n for n in chosen if n not in NEMESES]
@@ -29,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="disque-chaos-") as tmp:
         for name in chosen:
             print(f"running {name} for {args.seconds:.0f}s ...", file=sys.stderr, flush=True)
-            r = run_chaos(name, args.seconds, Path(tmp) / name, seed=args.seed)
+            r = run_chaos(name, args.seconds, Path(tmp) / name, seed=args.seed,
+                          node_args=tuple(shlex.split(args.node_args)))
             results.append(r)
             print(table([r]).splitlines()[1], file=sys.stderr, flush=True)
     print(table(results))
