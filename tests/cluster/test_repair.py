@@ -1,8 +1,10 @@
 """Repair of under-replicated jobs (issue 25), on 4 real processes.
 
 Jobs with REPLICATE 2 are added on node a, each with its second copy on b, c or d. One of
-those is killed (kill -9): after `repair-grace` the jobs it held get a copy on another live
-node, made by a or by their other holder, and node a's list grows to name it. The killed node
+those is killed (kill -9). Repair is off (`repair-rate 0`) at first: nothing is copied.
+Once CONFIG SET turns it on, after `repair-grace` the jobs the killed node held get a copy
+on another live node, made by a or by their other holder, and node a's list grows to name
+it. The killed node
 comes back empty (no AOF); once every job is acknowledged, no node holds any copy: the
 extra copies are collected with the others.
 """
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.cluster.conftest import cmd, parse_fields
+from tests.cluster.conftest import cmd, holds_for, ok, parse_fields
 from tests.harness import wait_for
 
 NODE_TIMEOUT = 60_000  # ms: the killed node is never flagged failing; only its link drops
@@ -33,7 +35,8 @@ def jobs_info(proc: Any) -> dict[str, str]:
 
 def test_jobs_short_of_a_killed_holder_get_a_copy_elsewhere_and_are_collected_later(
         cluster) -> None:  # type: ignore[no-untyped-def]
-    c = cluster(4, node_timeout=NODE_TIMEOUT, args=["--repair-grace", str(GRACE)])
+    c = cluster(4, node_timeout=NODE_TIMEOUT,
+                args=["--repair-grace", str(GRACE), "--repair-rate", "0"])
     nodes = list(c.nodes)
     a = nodes[0]
     ids = c.ids()
@@ -45,6 +48,10 @@ def test_jobs_short_of_a_killed_holder_get_a_copy_elsewhere_and_are_collected_la
     assert lost
     victim.kill()
     live = [p for p in nodes if p is not victim]
+    holds_for(lambda: all(len(holders(live, j)) == 1 for j in lost), 3 * GRACE / 1000,
+              "no copy made with repair-rate 0")
+    for p in live:
+        ok(p, "CONFIG", "SET", "repair-rate", "5000")
     wait_for(lambda: all(len(holders(live, j)) >= 2 for j in lost),
              what="a second live copy of every job the killed node held", timeout=30)
     vid = ids[nodes.index(victim)]
