@@ -24,6 +24,13 @@ distribution": (latency, cumulative count) points; the merged count at a latency
 for each slice, its count at its nearest point below, so a percentile is slightly
 overestimated, never under).
 
+Then the rolling kill (issue 25's "rolling kill -9"): 5 fresh nodes, REPLICATE 3, the same
+load on node 0; `healthy_s` seconds, then nodes 1 to 4 in turn are killed (kill -9), left
+down `down_s` seconds, started again, and once the peers see it, `gap_s` seconds later the
+next one goes. *healthy* slices ended before the first kill, *rolling* slices ran between
+the first kill and the end of the last gap. (ADDJOBs only, where the issue's run has 90%
+adds: every operation is then a replicated write, the harder case.)
+
 With --disque-cmd the same runs on the original Disque afterwards (never two clusters at
 once). The issue's targets, printed PASS / MISS: with one node of three killed,
 REPLICATE 2 keeps >= 0.85x of its healthy rate in the same run, and its p99 while the
@@ -50,6 +57,10 @@ QUICK_DURATIONS = (2.0, 3.0, 2.0)
 CONFIGS = ((3, 2), (5, 3))  # (nodes, REPLICATE)
 PHASES = ("before", "kill", "during", "restart", "after")
 RATE_TARGET = 0.85  # during / before, disque-py, one node of three (five) killed
+ROLLING = (3.0, 2.0, 1.0)  # s: healthy, each node down, after each node is back
+QUICK_ROLLING = (2.0, 2.0, 0.5)
+ROLLING_RATE_TARGET = 0.8  # rolling / healthy
+ROLLING_P99_TARGET = 10.0  # ms
 
 _POINT = re.compile(rb"^\s*([\d.]+)% <= ([\d.]+) milliseconds \(cumulative count (\d+)\)")
 _THROUGHPUT = re.compile(rb"throughput summary:\s*([\d.]+) requests per second")
@@ -148,53 +159,104 @@ def classify(sl: Slice, events: dict[str, float]) -> str:
     return "after"
 
 
+def _load(port: int, command: list[str], t0: float, slices: list[Slice],
+          stop: threading.Event) -> threading.Thread:
+    """Back-to-back redis-benchmark slices against `port` until `stop`, in a thread."""
+    def load() -> None:
+        n = SLICE_FIRST
+        while not stop.is_set():
+            sl = run_slice(port, command, t0, n)
+            slices.append(sl)
+            if sl.rps:
+                n = max(SLICE_MIN, min(SLICE_MAX, int(sl.rps * SLICE_S)))
+
+    # The load runs in a thread; the faults in the caller's, which must outlive the
+    # restarted servers: the harness starts servers with PR_SET_PDEATHSIG, and that signal
+    # comes when the *thread* that forked the process ends.
+    loader = threading.Thread(target=load, daemon=True)
+    loader.start()
+    return loader
+
+
+def _kill_and_restart(victim: Any, peers: list[Any], down_s: float) -> tuple[float, float]:
+    """kill -9 `victim`, start it again `down_s` later, wait until every peer sees it
+    connected with no failure flag: (the kill's, the view's) monotonic times."""
+    from benchmarks.restart import _myid, _peer_view
+
+    victim_id = _myid(victim.port)
+    assert victim.proc is not None
+    victim.proc.kill()
+    victim.proc.wait()
+    killed = time.monotonic()
+    time.sleep(down_s)
+    victim.start(poll=0.01)
+    deadline = time.monotonic() + 60
+    while not all(_peer_view(p.port, victim_id)[0] for p in peers):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the peers did not see the restarted node in 60 s")
+        time.sleep(0.01)
+    return killed, time.monotonic()
+
+
+def measure_rolling(servers: list[Any], replicate: int,
+                    timing: tuple[float, float, float]) -> dict[str, Any]:
+    """The load on servers[0] while servers[1:] are killed and restarted one at a time."""
+    healthy_s, down_s, gap_s = timing
+    command = ["ADDJOB", "dq", "body", "5000", "REPLICATE", str(replicate)]
+    slices: list[Slice] = []
+    stop = threading.Event()
+    failure: list[str] = []
+    t0 = time.monotonic()
+    loader = _load(servers[0].port, command, t0, slices, stop)
+    first = end = None
+    try:
+        time.sleep(healthy_s)
+        for victim in servers[1:]:
+            killed, _back = _kill_and_restart(victim, [p for p in servers if p is not victim],
+                                              down_s)
+            first = killed - t0 if first is None else first
+            time.sleep(gap_s)
+        end = time.monotonic() - t0
+    except Exception as exc:  # reported with the run
+        failure.append(f"{type(exc).__name__}: {exc}")
+    finally:
+        stop.set()
+        loader.join(timeout=180)
+    healthy = [s for s in slices if first is None or s.end <= first]
+    rolling = [s for s in slices if first is not None and s.start >= first
+               and (end is None or s.end <= end)]
+    result: dict[str, Any] = {"healthy": phase_summary(healthy),
+                              "rolling": phase_summary(rolling)}
+    if failure:
+        result["error"] = failure[0]
+    h, r = result["healthy"]["rate"], result["rolling"]["rate"]
+    result["rolling_over_healthy"] = round(r / h, 3) if h and r else None
+    return result
+
+
 def measure(servers: list[Any], replicate: int,
             durations: tuple[float, float, float]) -> dict[str, Any]:
     """The load on servers[0] while servers[-1] is killed and restarted; phase summaries."""
-    from benchmarks.restart import _myid, _peer_view
 
     before_s, down_s, after_s = durations
     victim, peers = servers[-1], servers[:-1]
-    victim_id = _myid(victim.port)
     command = ["ADDJOB", "dq", "body", "5000", "REPLICATE", str(replicate)]
     events: dict[str, float] = {}
     failure: list[str] = []
     slices: list[Slice] = []
     stop = threading.Event()
     t0 = time.monotonic()
-
-    def load() -> None:
-        n = SLICE_FIRST
-        while not stop.is_set():
-            sl = run_slice(servers[0].port, command, t0, n)
-            slices.append(sl)
-            if sl.rps:
-                n = max(SLICE_MIN, min(SLICE_MAX, int(sl.rps * SLICE_S)))
-
-    # The load runs in a thread; the faults in this one, which must outlive the restarted
-    # server: the harness starts servers with PR_SET_PDEATHSIG, and that signal comes when
-    # the *thread* that forked the process ends.
-    loader = threading.Thread(target=load, daemon=True)
-    loader.start()
+    loader = _load(servers[0].port, command, t0, slices, stop)
 
     def until(t: float) -> None:
         time.sleep(max(0.0, t - (time.monotonic() - t0)))
 
     try:
         until(before_s)
-        assert victim.proc is not None
-        victim.proc.kill()
-        victim.proc.wait()
-        events["kill"] = time.monotonic() - t0
-        until(events["kill"] + down_s)
-        events["restart"] = time.monotonic() - t0
-        victim.start(poll=0.01)
-        deadline = time.monotonic() + 60
-        while not all(_peer_view(p.port, victim_id)[0] for p in peers):
-            if time.monotonic() > deadline:
-                raise RuntimeError("the peers did not see the restarted node in 60 s")
-            time.sleep(0.01)
-        events["back"] = time.monotonic() - t0
+        killed, back = _kill_and_restart(victim, peers, down_s)
+        events["kill"] = killed - t0
+        events["restart"] = killed - t0 + down_s
+        events["back"] = back - t0
         until(events["back"] + after_s)
     except Exception as exc:  # reported with the run
         failure.append(f"{type(exc).__name__}: {exc}")
@@ -219,7 +281,6 @@ def measure(servers: list[Any], replicate: int,
 def scenario_downnode(workdir: Path, cpus: set[int] | None, say: Any,
                       original_cmd: list[str] | None = None,
                       quick: bool = False) -> dict[str, Any]:
-    from benchmarks.run import start_cluster
 
     durations = QUICK_DURATIONS if quick else DURATIONS
     out: dict[str, Any] = {"durations_s": list(durations), "slice_s": SLICE_S,
@@ -229,22 +290,39 @@ def scenario_downnode(workdir: Path, cpus: set[int] | None, say: Any,
         key = f"{nodes}n_r{replicate}"
         out["runs"][key] = {}
         for flavor, cmd in flavors:
-            servers: list[Any] = []
-            try:
-                servers = start_cluster(workdir / f"downnode-{key}-{flavor}", cpus,
-                                        size=nodes, cmd=cmd, flavor=flavor)
-                r = measure(servers, replicate, durations)
-            except (OSError, RuntimeError) as exc:
-                r = {"error": str(exc)}
-            finally:
-                for s in servers:
-                    with contextlib.suppress(Exception):
-                        s.stop()
+            r = _on_cluster(workdir / f"downnode-{key}-{flavor}", cpus, nodes, cmd, flavor,
+                            lambda servers, r=replicate: measure(servers, r, durations))
             out["runs"][key][flavor] = r
             say(f"  downnode {nodes} nodes REPLICATE {replicate} {flavor}: "
                 + _line(r))
+    timing = QUICK_ROLLING if quick else ROLLING
+    out["rolling_s"] = list(timing)
+    out["rolling"] = {}
+    for flavor, cmd in flavors:
+        r = _on_cluster(workdir / f"rolling-{flavor}", cpus, 5, cmd, flavor,
+                        lambda servers: measure_rolling(servers, 3, timing))
+        out["rolling"][flavor] = r
+        say(f"  downnode rolling kill 5 nodes REPLICATE 3 {flavor}: " + _rolling_line(r))
     out["targets"] = targets(out)
     return out
+
+
+def _on_cluster(workdir: Path, cpus: set[int] | None, nodes: int, cmd: list[str] | None,
+                flavor: str, run: Any) -> dict[str, Any]:
+    """`run(servers)` on a fresh cluster, stopped afterwards (an error: {"error": ...})."""
+    from benchmarks.run import start_cluster
+
+    servers: list[Any] = []
+    try:
+        servers = start_cluster(workdir, cpus, size=nodes, cmd=cmd, flavor=flavor)
+        result: dict[str, Any] = run(servers)
+        return result
+    except (OSError, RuntimeError) as exc:
+        return {"error": str(exc)}
+    finally:
+        for s in servers:
+            with contextlib.suppress(Exception):
+                s.stop()
 
 
 def _ms(x: float | None) -> str:
@@ -258,15 +336,22 @@ def _cell(phase: dict[str, Any] | None) -> str:
     return f"{phase['rate']:,.0f}/s {_ms(phase.get('p99_ms'))}/{_ms(phase.get('max_ms'))}"
 
 
-def _line(r: dict[str, Any]) -> str:
-    if "before" not in r:
+def _line(r: dict[str, Any], phases: tuple[str, ...] = ("before", "during", "after"),
+          ratio_key: str = "during_over_before") -> str:
+    """One run's phases and ratio (the rolling kill's: `_rolling_line`)."""
+    if phases[0] not in r:
         return f"error: {r.get('error')}"
-    ratio = r.get("during_over_before")
-    text = (f"before {_cell(r['before'])} | during {_cell(r['during'])} | after "
-            f"{_cell(r['after'])} | during/before {'-' if ratio is None else f'{ratio:.2f}'}")
+    ratio = r.get(ratio_key)
+    over = "/".join(ratio_key.split("_over_"))
+    text = " | ".join(f"{p} {_cell(r[p])}" for p in phases)
+    text += f" | {over} {'-' if ratio is None else f'{ratio:.2f}'}"
     if r.get("error"):
         text += f"  ERROR {r['error']}"
     return text
+
+
+def _rolling_line(r: dict[str, Any]) -> str:
+    return _line(r, ("healthy", "rolling"), "rolling_over_healthy")
 
 
 def targets(out: dict[str, Any]) -> list[dict[str, Any]]:
@@ -285,6 +370,16 @@ def targets(out: dict[str, Any]) -> list[dict[str, Any]]:
             res.append({"target": f"{key}: during p99 below the original's", "value": [a, b],
                         "verdict": "n/a" if a is None or b is None else
                         ("PASS" if a < b else "MISS")})
+    rolling = out.get("rolling", {}).get("disque")
+    if rolling is not None:
+        ratio = rolling.get("rolling_over_healthy")
+        res.append({"target": f"rolling kill: rolling/healthy >= {ROLLING_RATE_TARGET}",
+                    "value": ratio, "verdict": "n/a" if ratio is None else
+                    ("PASS" if ratio >= ROLLING_RATE_TARGET else "MISS")})
+        p99 = rolling.get("rolling", {}).get("p99_ms")
+        res.append({"target": f"rolling kill: ADDJOB p99 <= {ROLLING_P99_TARGET:.0f} ms",
+                    "value": p99, "verdict": "n/a" if p99 is None else
+                    ("PASS" if p99 <= ROLLING_P99_TARGET else "MISS")})
     return res
 
 
@@ -308,5 +403,12 @@ def print_downnode(out: dict[str, Any], say: Any = print) -> None:
                 f"{_cell(r['during']):>22} {_cell(r['after']):>22} "
                 f"{'-' if ratio is None else f'{ratio:.2f}':>14}"
                 + (f"  ERROR {r['error']}" if r.get("error") else ""))
+    if out.get("rolling"):
+        healthy_s, down_s, gap_s = out["rolling_s"]
+        say(f"  rolling kill (5 nodes, REPLICATE 3; {healthy_s:.0f} s healthy, then nodes 1-4 "
+            f"killed in turn, each down {down_s:.0f} s, the next {gap_s:.1f} s after the peers "
+            "see it back)")
+        for flavor, r in out["rolling"].items():
+            say(f"  {'rolling ' + flavor:<18} " + _rolling_line(r))
     for t in out.get("targets", []):
         say(f"  {t['verdict']:<5} {t['target']} ({t['value']})")

@@ -28,7 +28,10 @@ until it has REPLICATE reachable copies again:
 - only jobs that may still be delivered are copied (as re-replication: active or queued,
   RETRY > 0, no dummy ACK, no copy reloaded from the AOF that no holder confirmed yet); an
   at-most-once job (RETRY 0) never gets a second copy;
-- at most `repair-rate` copies per second (0: off), spent every cluster cron; a copy not
+- the walk goes in steps every STEP_MS, each looking at SCAN_PER_STEP jobs at most and
+  sending the copies the rate allows since the last step, so a walk through millions of
+  jobs pauses the clients for a millisecond or two at a time, not for tens;
+- at most `repair-rate` copies per second (0: off); a copy not
   confirmed within CONFIRM_MS is sent again while its target stays linked, at most
   MAX_ATTEMPTS times (then the target leaves the job's list here); both as re-replication.
 
@@ -47,11 +50,13 @@ from disque.cluster.messages import ReplJob
 from disque.cluster.nodes import HANDSHAKE, LEAVING, MYSELF
 from disque.cluster.rereplication import MAX_ATTEMPTS, overdue
 from disque.jobs.job import ACTIVE, F_DUMMY, F_RELOADED, QUEUED
+from disque.timers import Timer
 
 DEFAULT_RATE = 5000  # copies per second (repair-rate)
 DEFAULT_GRACE_MS = 1000  # a holder unreachable this long has its copies made again
 CRON_PER_SECOND = 10  # the cluster cron runs every 100 ms
-SCAN_PER_TICK = 20_000  # jobs looked at per cluster cron while walking the registry
+STEP_MS = 10  # a walk goes on in steps this far apart (short pauses for the clients)
+SCAN_PER_STEP = 2000  # jobs looked at per step
 
 
 def rank(node_id: bytes, job_id: bytes) -> int:
@@ -68,8 +73,9 @@ class Repair:
     The node's door: `membership.nodes()`, `linked_others()`, `jobs.shard_count()` /
     `jobs.shard(i)`, `lookup_job(id)`, `send(node_id, msg)`, `header()`, `myself`, `rng`."""
 
-    __slots__ = ("node", "rate", "grace", "down", "stale_seen", "linked_seen", "cursor",
-                 "again", "inflight", "pending", "repaired", "under", "found")
+    __slots__ = ("node", "rate", "grace", "down", "stale_seen", "linked_seen", "view",
+                 "cursor", "again", "timer", "tokens", "last_step", "inflight", "pending",
+                 "repaired", "under", "found")
 
     def __init__(self, node: Any, rate: int = DEFAULT_RATE,
                  grace: int = DEFAULT_GRACE_MS) -> None:
@@ -79,8 +85,14 @@ class Repair:
         self.down: dict[bytes, int] = {}  # unreachable node -> since (ms)
         self.stale_seen: frozenset[bytes] = frozenset()  # past their grace at the last tick
         self.linked_seen: Any = None  # the linked tuple of the last tick
+        # what the last tick saw, for the steps: (linked, alive, spared, stale)
+        self.view: tuple[tuple[bytes, ...], set[bytes], set[bytes], frozenset[bytes]] = (
+            (), set(), set(), frozenset())
         self.cursor = -1  # next registry shard of the walk under way (-1: none)
         self.again = False  # walk again once the walk under way ends
+        self.timer = Timer(self.step)  # the walk's next step (awake 0: not scheduled)
+        self.tokens = 0.0  # copies the rate allows now
+        self.last_step = 0  # ms
         # (target, job ID) -> (sent at ms, attempts): copies waiting for their GOTJOB
         self.inflight: dict[tuple[bytes, bytes], tuple[int, int]] = {}
         self.pending: dict[bytes, int] = {}  # job ID -> its entries in `inflight`
@@ -123,11 +135,28 @@ class Repair:
             self.walk_again()
         self.stale_seen = stale
         self.linked_seen = linked
-        budget = max(1, self.rate // CRON_PER_SECOND)
+        self.view = (linked, alive, spared, stale)
         if self.inflight:
-            budget = self._resend(now, budget, alive)
-        if self.cursor >= 0 and budget > 0:
-            self._walk(now, budget, linked, alive, spared, stale)
+            self._resend(now, max(1, self.rate // CRON_PER_SECOND), alive)
+        if self.cursor >= 0 and not self.timer.awake:
+            self.tokens = 1.0
+            self.last_step = now
+            self.node.wheel.schedule(self.timer, now)
+
+    def step(self, now: int) -> None:
+        """One step of the walk (the timer's callback)."""
+        self.timer.awake = 0
+        if self.cursor < 0 or not self.rate:
+            return
+        self.tokens = min(self.tokens + self.rate * (now - self.last_step) / 1000,
+                          self.rate / CRON_PER_SECOND + 1)
+        self.last_step = now
+        if self.tokens >= 1:
+            linked, alive, spared, stale = self.view
+            self.tokens -= int(self.tokens) - self._walk(now, int(self.tokens), linked, alive,
+                                                          spared, stale)
+        if self.cursor >= 0:
+            self.node.wheel.schedule(self.timer, now + STEP_MS)
 
     def walk_again(self) -> None:
         if self.cursor < 0:
@@ -154,7 +183,9 @@ class Repair:
 
     # ------------------------------------------------------------------ internals
     def _walk(self, now: int, budget: int, linked: tuple[bytes, ...], alive: set[bytes],
-              spared: set[bytes], stale: frozenset[bytes]) -> None:
+              spared: set[bytes], stale: frozenset[bytes]) -> int:
+        """Look at the next shards' jobs, copying those this node repairs: the budget
+        left."""
         node = self.node
         jobs = node.jobs
         count = jobs.shard_count()
@@ -166,7 +197,7 @@ class Repair:
         # per distinct node list (jobs added together share one tuple): its reachable
         # holders and the copies it is short of (holders within their grace count)
         lists: dict[tuple[bytes, ...], tuple[list[bytes], int, list[int]]] = {}
-        while cursor < count and looked < SCAN_PER_TICK and budget > 0:
+        while cursor < count and looked < SCAN_PER_STEP and budget > 0:
             shard = jobs.shard(cursor)
             cursor += 1
             if not shard:
@@ -212,6 +243,7 @@ class Repair:
                 self.cursor = -1
         else:
             self.cursor = cursor
+        return budget
 
     def _copy(self, job: Any, targets: list[bytes], live: list[bytes], now: int) -> None:
         """Grow the job's node list, send the job to `targets` and the list to the other
