@@ -13,7 +13,11 @@ until it has REPLICATE reachable copies again:
   cluster cron) when a node passes its grace, or when the set of linked nodes changes while
   some node is past it (a node came back, another went down: a target may have appeared);
 - a job counts its reachable copies: this node, holders with a bus link, and holders still
-  within their grace; fewer than REPLICATE and one holder repairs it: the reachable holder
+  within their grace; not a holder that restarted empty and that this node's re-replication
+  has not refilled with this job yet (its walk for that node under way, or this job's copy
+  not confirmed): counted, it would hide the job's shortage until its refill, which takes
+  seconds with a large backlog, and a second crash in those seconds would lose the job.
+  Fewer than REPLICATE and one holder repairs it: the reachable holder
   ranked first for this job (node IDs XORed with the job ID's random chars, as
   `sender_wins` does, so repairs spread over the survivors). Holders that see the
   cluster differently may both repair: a copy too many costs nothing but memory;
@@ -192,6 +196,10 @@ class Repair:
         myself = node.myself
         my_rank = int.from_bytes(myself[:8], "big")  # (see `rank`)
         pending = self.pending
+        # restarted nodes this node's re-replication is still refilling, and its copies
+        # sent but not confirmed: not counted as holders of those jobs yet
+        refilling = node.rereplication.cursors
+        unconfirmed = node.rereplication.inflight
         cursor = self.cursor
         looked = 0
         # per distinct node list (jobs added together share one tuple): its reachable
@@ -210,15 +218,22 @@ class Repair:
                     continue
                 seen = lists.get(delivered)
                 if seen is None:
-                    live = [n for n in delivered if n == myself or n in alive]
+                    live = [n for n in delivered
+                            if n == myself or (n in alive and n not in refilling)]
                     seen = lists[delivered] = (
                         live, len(live) + sum(1 for n in delivered if n in spared),
                         [int.from_bytes(n[:8], "big") for n in live if n != myself])
                 live, counted, others = seen
+                job_id = job.id
+                if unconfirmed and len(live) > 1:
+                    waiting = [n for n in live if (n, job_id) in unconfirmed]
+                    if waiting:
+                        live = [n for n in live if n not in waiting]
+                        counted -= len(waiting)
+                        others = [int.from_bytes(n[:8], "big") for n in live if n != myself]
                 short = job.repl - counted
                 if short <= 0:
                     continue
-                job_id = job.id
                 key = int.from_bytes(job_id[11:19], "big")
                 mine = my_rank ^ key
                 if any(o ^ key < mine for o in others):

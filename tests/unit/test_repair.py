@@ -170,3 +170,21 @@ def test_a_copy_of_a_job_collected_here_is_not_taken_back() -> None:
     r.node.on_message(B, ReplJob(Header(B, b"", 7711, 17711, 0), job_record(job, r.now)))
     assert r.node.lookup_job(jid) is None
     assert [m for _, m in r.node.out if type(m) is GotJob] == []
+
+
+def test_a_holder_restarted_empty_and_not_refilled_yet_is_not_counted() -> None:
+    # chaos random-kill (60 s, a 70,000-job backlog) lost 4% of its jobs: a restarted node
+    # counted as a copy (and ranked first to repair) while re-replication was still
+    # refilling it; the job's other holders then died one after the other
+    r = Rig()
+    jid = r.copy(first=B)  # B ranks first among the reachable holders B and ME
+    r.node.rereplication.cursors[B] = 0  # B restarted: our walk for it is under way
+    r.drop(A)
+    out = repljobs(r.crons(1500))
+    assert (C, jid, False) in out  # only C can take a copy
+    assert not [m for m in out if m[0] == B]  # B gets the job from re-replication
+    r.node.rereplication.cursors.clear()
+    other = r.copy(first=B)
+    r.node.rereplication.inflight[(B, other)] = (r.now, 1)  # sent, not confirmed
+    r.node.repair.walk_again()
+    assert (C, other, False) in repljobs(r.crons(500))
