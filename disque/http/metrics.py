@@ -40,6 +40,7 @@ class DisqueCollector:
         yield from self._commands()
         yield from self._jobs_and_queues()
         yield from self._cluster()
+        yield from self._copies()
         yield from self._aof()
 
     # ------------------------------------------------------------------ node
@@ -196,6 +197,22 @@ class DisqueCollector:
         yield received
         yield bsent
         yield breceived
+
+    def _copies(self) -> Iterator[Metric]:
+        """Re-replication and repair (INFO's jobs section)."""
+        jobs = self.view.info()["Jobs"]
+        yield GaugeMetricFamily("disque_rereplication_pending",
+                                "Copies sent again to restarted nodes, GOTJOB not back yet.",
+                                value=jobs["rereplication_pending"])
+        yield CounterMetricFamily("disque_jobs_rereplicated",
+                                  "Copies restored on restarted nodes (confirmed).",
+                                  value=jobs["rereplicated_jobs"])
+        yield GaugeMetricFamily("disque_jobs_underreplicated",
+                                "Jobs held here short of reachable copies, not repaired yet.",
+                                value=jobs["underreplicated_jobs"])
+        yield CounterMetricFamily("disque_jobs_repaired",
+                                  "Copies made on new nodes for jobs short of a down holder "
+                                  "(confirmed).", value=jobs["repaired_jobs"])
 
     def _aof(self) -> Iterator[Metric]:
         aof = self.view.aof()

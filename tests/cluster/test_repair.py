@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from tests.cluster.conftest import cmd, holds_for, ok, parse_fields
-from tests.harness import wait_for
+from tests.harness import free_port, wait_for
+from tests.integration.test_http import sample, scrape
 
 NODE_TIMEOUT = 60_000  # ms: the killed node is never flagged failing; only its link drops
 GRACE = 300
@@ -62,6 +63,13 @@ def test_jobs_short_of_a_killed_holder_get_a_copy_elsewhere_and_are_collected_la
     assert sum(int(jobs_info(p)["repaired_jobs"]) for p in live) >= len(lost)
     wait_for(lambda: all(jobs_info(p)["underreplicated_jobs"] == "0" for p in live),
              what="no job counted short any more")
+    http = free_port()
+    ok(a, "CONFIG", "SET", "http-port", http)  # Prometheus shows INFO's figures
+    fams = wait_for(lambda: scrape(http), what="node a's /metrics")
+    # a is the only live holder of the jobs the killed node shared with it: it copied each
+    assert sample(fams, "disque_jobs_repaired", "disque_jobs_repaired_total") == int(
+        jobs_info(a)["repaired_jobs"]) == len(lost)
+    assert sample(fams, "disque_jobs_underreplicated") == 0
     # untouched: the jobs whose copies all live
     for j in jobs:
         if j not in lost:

@@ -178,6 +178,13 @@ def test_metrics_parse_and_match_info_and_qstat_under_load(hnode: DisqueProcess,
     assert sample(fams, "disque_aof_enabled") == 0
     assert sample(fams, "disque_aof_last_write_ok") == 1
     assert sample(fams, "disque_aof_write_errors", "disque_aof_write_errors_total") == 0
+    for metric, total, field in (
+            ("disque_rereplication_pending", None, "rereplication_pending"),
+            ("disque_jobs_rereplicated", "disque_jobs_rereplicated_total", "rereplicated_jobs"),
+            ("disque_jobs_underreplicated", None, "underreplicated_jobs"),
+            ("disque_jobs_repaired", "disque_jobs_repaired_total", "repaired_jobs")):
+        assert fams[metric].type == ("counter" if total else "gauge")
+        assert sample(fams, metric, total or metric) == int(inf[field])
 
 
 def test_metrics_count_command_errors(hnode: DisqueProcess, q: str) -> None:
