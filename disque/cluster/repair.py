@@ -17,13 +17,17 @@ until it has REPLICATE reachable copies again:
   has not refilled with this job yet (its walk for that node under way, or this job's copy
   not confirmed): counted, it would hide the job's shortage until its refill, which takes
   seconds with a large backlog, and a second crash in those seconds would lose the job.
-  Fewer than REPLICATE and one holder repairs it: the reachable holder
-  ranked first for this job (node IDs XORed with the job ID's random chars, as
-  `sender_wins` does, so repairs spread over the survivors). Holders that see the
-  cluster differently may both repair: a copy too many costs nothing but memory;
-- the repairer adds new nodes (linked, not listed yet, chosen at random) to the job's node
-  list first, then sends them the job (REPLJOB, GOTJOB back) and the grown list to the
-  other reachable holders (REPLJOB without reply, which only merges lists). The list grows
+  Fewer than REPLICATE and every holder that finds it so repairs it, choosing the same
+  new nodes: the linked nodes not listed yet, ranked for this job (node IDs XORed with the
+  job ID's random chars, as `sender_wins` does, so the new copies spread over the
+  cluster). The holders' copies to a new node are one copy there (the second REPLJOB
+  merges). One elected holder would be cheaper, but a job's list can name a node that
+  never got its copy (an ADDJOB's REPLJOB lost with a dropped connection, the job
+  re-targeted): elected, that node would repair nothing, and the job, one crash from
+  lost, would wait (the simulation's seed 468 lost a job so);
+- the repairer adds the new nodes to the job's node list first, then sends them the job
+  (REPLJOB, GOTJOB back) and the grown list to the other reachable holders (REPLJOB
+  without reply: a merge, or a copy for a holder that never got one). The list grows
   before the copy exists so that an ACK racing with the repair reaches the new copy too
   (a SETACK with a shorter list makes the holder with the longer one run the GC);
 - ACK GC, requeues, dead letters and federation follow the node list, so they reach the new
@@ -64,7 +68,7 @@ SCAN_PER_STEP = 2000  # jobs looked at per step
 
 
 def rank(node_id: bytes, job_id: bytes) -> int:
-    """The order in which the holders of `job_id` are asked to repair it: the first 8
+    """The order in which nodes are chosen to take a new copy of `job_id`: the first 8
     bytes of the node ID XORed with 8 of the job ID's random chars (lowest first)."""
     return int.from_bytes(node_id[:8], "big") ^ int.from_bytes(job_id[11:19], "big")
 
@@ -194,7 +198,6 @@ class Repair:
         jobs = node.jobs
         count = jobs.shard_count()
         myself = node.myself
-        my_rank = int.from_bytes(myself[:8], "big")  # (see `rank`)
         pending = self.pending
         # restarted nodes this node's re-replication is still refilling, and its copies
         # sent but not confirmed: not counted as holders of those jobs yet
@@ -204,7 +207,7 @@ class Repair:
         looked = 0
         # per distinct node list (jobs added together share one tuple): its reachable
         # holders and the copies it is short of (holders within their grace count)
-        lists: dict[tuple[bytes, ...], tuple[list[bytes], int, list[int]]] = {}
+        lists: dict[tuple[bytes, ...], tuple[list[bytes], int]] = {}
         while cursor < count and looked < SCAN_PER_STEP and budget > 0:
             shard = jobs.shard(cursor)
             cursor += 1
@@ -221,23 +224,16 @@ class Repair:
                     live = [n for n in delivered
                             if n == myself or (n in alive and n not in refilling)]
                     seen = lists[delivered] = (
-                        live, len(live) + sum(1 for n in delivered if n in spared),
-                        [int.from_bytes(n[:8], "big") for n in live if n != myself])
-                live, counted, others = seen
+                        live, len(live) + sum(1 for n in delivered if n in spared))
+                live, counted = seen
                 job_id = job.id
                 if unconfirmed and len(live) > 1:
                     waiting = [n for n in live if (n, job_id) in unconfirmed]
                     if waiting:
                         live = [n for n in live if n not in waiting]
                         counted -= len(waiting)
-                        others = [int.from_bytes(n[:8], "big") for n in live if n != myself]
                 short = job.repl - counted
                 if short <= 0:
-                    continue
-                key = int.from_bytes(job_id[11:19], "big")
-                mine = my_rank ^ key
-                if any(o ^ key < mine for o in others):
-                    self.found += 1  # another reachable holder ranks first: it repairs
                     continue
                 if job_id in pending:
                     continue  # a repair of it is under way
@@ -245,7 +241,9 @@ class Repair:
                 if not candidates:
                     self.found += 1  # nowhere to copy it now (walked again on a change)
                     continue
-                targets = node.rng.sample(candidates, min(short, len(candidates)))
+                if len(candidates) > short:  # the same choice on every holder
+                    candidates.sort(key=lambda n: rank(n, job_id))
+                targets = candidates[:short]
                 self._copy(job, targets, live, now)  # (job.delivered is a new tuple now)
                 budget -= len(targets)
         if cursor >= count:
