@@ -33,8 +33,9 @@ class Rig(NodeRig):
 
     def copy(self, retry: int = 10, delivered: tuple[bytes, ...] = (A, B, ME),
              first: bytes | None = ME) -> bytes:
-        """A job held here with REPLICATE len(delivered); with `first`, one whose holder
-        ranked first for repairs among `delivered` minus A is `first`."""
+        """A job held here with REPLICATE len(delivered); with `first`, one for which
+        `rank` puts `first` ahead of the other holders but A (the rank once chose a single
+        repairer: the tests show that it no longer matters who ranks first)."""
         while True:
             job = self.node.add_job(b"q", b"body", 0, len(delivered), 3600, retry or 10, 0,
                                     None, True)
