@@ -152,17 +152,14 @@ class Repair:
             self.node.wheel.schedule(self.timer, now)
 
     def step(self, now: int) -> None:
-        """One step of the walk (the timer's callback)."""
-        self.timer.awake = 0
+        """One step of the walk (the timer's callback; the wheel cleared `awake`)."""
         if self.cursor < 0 or not self.rate:
             return
         self.tokens = min(self.tokens + self.rate * (now - self.last_step) / 1000,
                           self.rate / CRON_PER_SECOND + 1)
         self.last_step = now
         if self.tokens >= 1:
-            linked, alive, spared, stale = self.view
-            self.tokens -= int(self.tokens) - self._walk(now, int(self.tokens), linked, alive,
-                                                          spared, stale)
+            self.tokens -= int(self.tokens) - self._walk(now, int(self.tokens))
         if self.cursor >= 0:
             self.node.wheel.schedule(self.timer, now + STEP_MS)
 
@@ -190,10 +187,10 @@ class Repair:
         return True
 
     # ------------------------------------------------------------------ internals
-    def _walk(self, now: int, budget: int, linked: tuple[bytes, ...], alive: set[bytes],
-              spared: set[bytes], stale: frozenset[bytes]) -> int:
-        """Look at the next shards' jobs, copying those this node repairs: the budget
-        left."""
+    def _walk(self, now: int, budget: int) -> int:
+        """Look at the next shards' jobs (as the last tick saw the cluster: `view`),
+        copying those this node repairs: the budget left."""
+        linked, alive, spared, stale = self.view
         node = self.node
         jobs = node.jobs
         count = jobs.shard_count()

@@ -144,8 +144,8 @@ def heal_and_check(net: SimCluster, adds: list[Any], retry: dict[int, int], work
     net.drop = 0.0
     workers = workers + [net.worker(i, process_ms=process, nack_rate=nack_rate)
                          for i in consumers]
-    n = len(net.nodes)
-    for i in range(n):
+    size = len(net.nodes)
+    for i in range(size):
         net.resume(i)
         net.restart(i, aof)
         net.run_on(i, lambda n: n.set_leaving(False))
@@ -165,7 +165,7 @@ def heal_and_check(net: SimCluster, adds: list[Any], retry: dict[int, int], work
     # And no deleted job left in a timer wheel: once the buckets of the nodes' own timers
     # (its only live entries now) have come due, no stale copy of a job is left either.
     net.run_for(10_000)
-    for i in range(n):
+    for i in range(size):
         node = net.live_node(i)
         if node is not None:
             kept = [e for e in node.wheel.entries() if isinstance(e, Job)]
