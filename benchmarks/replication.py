@@ -34,10 +34,10 @@ import random
 import time
 from typing import Any
 
-from disque.cluster.jobs import ReplWaiter
 from disque.cluster.membership import Connect, Membership
 from disque.cluster.messages import BusStats, FrameDecoder, encode_many
 from disque.cluster.nodes import ClusterNode
+from disque.cluster.replication import ReplWaiter
 from disque.jobs.job import WAIT_REPL
 from disque.node import Node
 from disque.protocol.errors import CommandError

@@ -1,177 +1,243 @@
-"""The node: jobs, queues and timers of one Disque node, as plain sans-I/O code.
+"""The node: its subsystems, composed, and the API the commands call. Sans-I/O.
 
-Everything a node decides happens here, driven by three kinds of events: client commands
-(called by `disque.commands`), timers (`tick(now)` from the I/O layer) and, with the cluster
-issues, bus messages. Effects leave through narrow doors: replies to blocked clients go to
-their `Waiter`, persistence records to `self.persist`, cluster messages (later) to an outbox.
-The clock (`clock()` -> unix ms) and randomness are injected, so tests run a node with a
-fake clock and no sockets.
+Everything a node decides happens below this object, driven by three kinds of events:
+client commands (called by `disque.commands`), timers (`tick(now)` from the I/O layer) and
+bus messages (`on_message`, routed by type). The node is its shared state
+(`disque.state.NodeState`: identity, clock, registry, queue table, timer wheel, outbox,
+persistence, cluster view, and the local job procedures `enqueue`, `dequeue`, `unregister`,
+`ack_job`...) plus one object per subsystem, each in its own module and built here with the
+state and the few callables it needs from another:
 
-Procedures carry the spec's names: `enqueue`, `dequeue`, `unregister`, `ack_job`,
-`start_gc`; the per-job timer is `process_job`, as in the original's job.c.
+    replication   cluster/replication.py  REPLJOB / GOTJOB / ENQUEUE (job.c)
+    requeue       cluster/requeue.py      WILLQUEUE / QUEUED / WORKING; ENQUEUE, NACK...
+    acks          cluster/acks.py         ACKJOB, FASTACK, SETACK / GOTACK / DELJOB (ack.c)
+    federation    cluster/federation.py   NEEDJOBS / YOURJOBS (queue.c)
+    deadletters   cluster/deadletters.py  dead-letter queues and REDRIVE
+    rereplication cluster/rereplication.py copies a restarted node lost, again
+    repair        cluster/repair.py       copies of jobs short of a down holder
+    waiting       queues/waiting.py       blocked GETJOB clients (blocked.c)
+    memory        memory.py               maxmemory levels, eviction, queue GC
+    dedup         jobs/dedup.py           ADDJOB ... DEDUP keys
 
-Invariants:
-- a job is in the registry iff it is known; it is in its queue iff its state is QUEUED;
-- `job.qtime == 0` means this node will never queue the job (again): at-most-once jobs after
-  their first queueing;
-- `job.awake` is the time of the job's live timer-wheel entry (0 after unregister).
+This module keeps ADDJOB and GETJOB (the command-facing hot paths), restoring jobs from the
+AOF, the per-job timer (`process_job`, as the original's job.c), PAUSE, LEAVING, FLUSHALL,
+and the table from bus message type to handler. See docs/architecture.md for the map.
 """
 
 from __future__ import annotations
 
-import heapq
 import random
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from disque.cluster.acks import Acks
 from disque.cluster.deadletters import DeadLetters
-from disque.cluster.jobs import RESPONDER_VALID_MS, ClusterJobs, Replication, ReplTimer
-from disque.cluster.messages import QUEUED_INCR_DELIV, QUEUED_INCR_NACKS, DelJob, Message
+from disque.cluster.federation import RESPONDER_VALID_MS, Federation
+from disque.cluster.membership import Membership
+from disque.cluster.messages import (
+    DelJob,
+    EnqueueJob,
+    GotAck,
+    GotJob,
+    GotJobBatch,
+    Message,
+    NeedJobs,
+    PauseQueue,
+    Queued,
+    ReplJob,
+    ReplJobBatch,
+    SetAck,
+    WillQueue,
+    WorkingJob,
+    YourJobs,
+)
 from disque.cluster.nodes import ClusterNode
 from disque.cluster.repair import Repair
+from disque.cluster.replication import JobReplication, ReplJobsOut, ReplWaiter
+from disque.cluster.requeue import Requeue
 from disque.cluster.rereplication import Rereplication
 from disque.jobs.deadletter import DeadLetter
-from disque.jobs.ids import IdGenerator, id_is_at_least_once, id_ttl_minutes
+from disque.jobs.dedup import Dedup
 from disque.jobs.job import (
     ACKED,
     ACTIVE,
     F_BCAST_QUEUED,
     F_BCAST_WILLQUEUE,
-    F_DELIVERED,
     F_DUMMY,
-    F_NACK_DELAYED,
     F_RELOADED,
     JOB_MEMORY,
     QUEUED,
     WAIT_REPL,
     Job,
 )
-from disque.latency import EVICTION_CYCLE, EXPIRE_CYCLE, LatencyMonitor
+from disque.latency import EXPIRE_CYCLE, LatencyMonitor
+from disque.memory import Memory
 from disque.protocol.errors import CommandError, err, leaving
 from disque.queues.queue import PAUSE_IN, PAUSE_OUT, Queue
-from disque.scan import ScanDict
-from disque.timers import Timer, TimerWheel
+from disque.queues.waiting import Waiter, Waiting
+from disque.state import BASE_MEMORY, REQUEUE_JITTER, NodeState
+from disque.timers import Timer
+
+__all__ = ["Node", "Waiter"]
 
 DEFAULT_TTL = 86400
 RETRY_CAP = 300
-REQUEUE_JITTER = 250  # ms: requeue times get uniform [-250, +250) added
-QUEUE_GC_PERIOD = 100  # ms between queue eviction samples
-QUEUE_GC_SHARDS = 16  # queue-table shards sampled per period
-EVICT_SAMPLE = 500  # jobs (then queues) one eviction attempt examines at most
-COLLECTED_MAX = 100_000  # IDs of collected jobs kept to answer reloaded copies (~10 MB)
-
-# Memory estimate (INFO used_memory and the maxmemory rules). The constants are the measured
-# Python cost of a queued job besides its body (JOB_MEMORY, in disque.jobs.job: object, ID,
-# registry and queue slots) and of an empty queue object; `BASE_MEMORY` stands for the
-# server's fixed structures.
-QUEUE_MEMORY = 900
-BASE_MEMORY = 1024 * 1024
-DEDUP_MEMORY = 150
+CLUSTER_CRON_MS = 100
 
 
-def _no_callback(now: int) -> None:
+def _nothing() -> None:
     pass
 
 
-class Waiter:
-    """A client blocked in GETJOB. The command layer subclasses it to write the replies."""
-
-    __slots__ = ("queues", "timer", "count", "withcounters", "node")
-
-    def __init__(self, queues: list[bytes], count: int, withcounters: bool) -> None:
-        self.queues = queues
-        self.count = count
-        self.withcounters = withcounters
-        self.timer: Timer | None = None
-        self.node: Any = None
-
-    def cancel(self) -> None:
-        """The client went away."""
-        if self.node is not None:
-            self.node.unblock(self)
-
-    def on_jobs(self, jobs: list[Job]) -> None:
-        raise NotImplementedError
-
-    def on_timeout(self) -> None:
-        raise NotImplementedError
-
-    def on_error(self, error: CommandError) -> None:
-        raise NotImplementedError
-
-
-class Node(ClusterJobs):
+class Node(NodeState):
     def __init__(self, myself: bytes, clock: Callable[[], int], *,
                  rng: random.Random | None = None,
                  randbytes: Callable[[int], bytes] | None = None,
                  maxmemory: int = 1 << 30, maxmemory_policy: str = "acks",
-                 queue_idle_timeout: int = 300, latency: LatencyMonitor | None = None) -> None:
-        self.myself = myself  # 40 hex chars, as bytes
-        self.clock = clock
-        # slow timer passes and evictions are recorded here (off unless the server's is on)
-        self.latency = latency if latency is not None else LatencyMonitor.disabled()
-        self.rng = rng or random.Random()
-        self._random = self.rng.random
-        self.ids = IdGenerator(myself, randbytes) if randbytes else IdGenerator(myself)
-        self.jobs = ScanDict(12)
-        self.queues = ScanDict(8)
-        self.wheel = TimerWheel()
-        self.persist: Any = None  # the AOF, when persistence is on
+                 queue_idle_timeout: int = 300, latency: LatencyMonitor | None = None,
+                 membership: Membership | None = None,
+                 on_out: Callable[[], None] = _nothing) -> None:
+        super().__init__(myself, clock, rng=rng, randbytes=randbytes, maxmemory=maxmemory,
+                         latency=latency, membership=membership, on_out=on_out)
         self.last_ctime = 0
-        self.leaving = False
-        self.my_ip = b""  # the address clients and peers reach us at (HELLO)
-        self.my_port = 0
-        self.maxmemory_policy = maxmemory_policy
-        self.queue_idle_timeout = queue_idle_timeout
-        self.mem_used = BASE_MEMORY  # running estimate, see used_memory()
-        self.mem_evict_at = 0  # 95% of maxmemory: above it, commands that add memory check
-        self.maxmemory = maxmemory
-        # The registry's shards, held directly: register/lookup are on the hot path.
-        self._jshards = self.jobs._shards
-        self._jmask = self.jobs._mask
-        self._qshards = self.queues._shards
-        self._qmask = self.queues._mask
-        self.membership: Any = None  # cluster.membership.Membership, set by the server
-        self.out: list[tuple[bytes, Message]] = []  # bus messages to send: (node id, msg)
-        self.replicating: dict[bytes, Replication] = {}  # sync ADDJOBs waiting for GOTJOB
-        self.repl_timer: ReplTimer | None = None  # the newest replications' timer
-        self.repl_last: Any = None  # the newest REPLJOB sent, and to which nodes
-        self.repl_last_targets: Sequence[bytes] = ()
-        # `delivered` lists shared by the jobs that have the same (see shared_delivered)
-        self._delivered: dict[tuple[bytes, ...], tuple[bytes, ...]] = {}
-        self.rereplication = Rereplication(self)  # copies lost by restarted nodes, again
-        self.repair = Repair(self)  # copies of jobs short of a down holder, elsewhere
-        self.waiting_queues: set[Queue] = set()  # queues with blocked GETJOB clients
-        self.importing: set[Queue] = set()  # queues with a recent import rate
-        # ADDJOB ... DEDUP <key>: queue + NUL + key -> (job id, until ms); expiry heap
-        # NEEDJOBS that found nothing: queue -> {node: (until ms, count)} (cluster/jobs.py)
-        self.needers: dict[bytes, dict[bytes, tuple[int, int]]] = {}
-        self.dedup: dict[bytes, tuple[bytes, int]] = {}
-        self._dedup_heap: list[tuple[int, bytes]] = []
-        self._cluster_timer = Timer(self._cluster_tick)
-        self.wheel.schedule(self._cluster_timer, clock() + 100)
-        self.blocked = 0  # clients blocked in GETJOB
-        self._self_only = (myself,)
-        self._queue_gc_cursor = 0
-        self._evict_cursor = 0  # registry shard the next eviction attempt starts from
-        self._evict_qcursor = 0
-        self._queue_gc_timer = Timer(self._queue_gc)
-        self.wheel.schedule(self._queue_gc_timer, clock() + QUEUE_GC_PERIOD)
         self.deadletters = DeadLetters(self)
-        # jobs reloaded from the AOF waiting for a holder to confirm them (F_RELOADED):
-        # job id -> (holders that have not said "unknown" yet, WILLQUEUE rounds so far)
-        self.reload_pending: dict[bytes, tuple[set[bytes], int]] = {}
-        # IDs of jobs acknowledged and forgotten here (collected by the ACK GC, a DELJOB from
-        # the bus, FASTACK), oldest first, at most COLLECTED_MAX: what lets this node tell a
-        # reloaded copy "collected, drop it" rather than "unknown here" (a local DELJOB, a
-        # copy never received). Past the cap the answer is "unknown": at worst a delivery
-        # after the ACK, never a lost job. (An OrderedDict: dropping a plain dict's first key
-        # over and over makes each next(iter()) skip every slot deleted before it, ~60 us
-        # per collected job once the cap is reached.)
-        self.collected: OrderedDict[bytes, None] = OrderedDict()
+        self.requeue = Requeue(self, self.deadletters)
+        self.rereplication = Rereplication(self)  # copies lost by restarted nodes, again
+        self.repair = Repair(self, self.rereplication)  # copies short of a down holder
+        self.replication = JobReplication(self, self.copy_confirmed,
+                                          self.requeue.reload_confirmed)
+        self.acks = Acks(self, self.replication.replication_achieved)
+        self.waiting = Waiting(self, self.need_jobs, self.queue_idle_ms)
+        self.federation = Federation(self, self.waiting.queues_with_waiters)
+        self.dedup = Dedup(self)
+        self._cluster_timer = Timer(self._cluster_tick)
+        self.wheel.schedule(self._cluster_timer, clock() + CLUSTER_CRON_MS)
+        self.memory = Memory(self, self.dedup.expire, maxmemory_policy=maxmemory_policy,
+                             queue_idle_timeout=queue_idle_timeout)
         self.set_deadletter_defaults(0, 0, b"deadletter")
         self.redrive_rate = 1000  # jobs/s of a REDRIVE without RATE (redrive-rate)
+        rep, req, acks, fed = self.replication, self.requeue, self.acks, self.federation
+        # bus message type -> handler (the spec's "ON RECV ..." procedures)
+        self.handlers: dict[type, Callable[[bytes, Any], None]] = {
+            ReplJob: rep.on_repljob,
+            ReplJobBatch: rep.on_repljob_batch,
+            ReplJobsOut: rep.on_repljob_batch,  # (handed over without the codec: tests)
+            GotJob: rep.on_gotjob,
+            GotJobBatch: rep.on_gotjob_batch,
+            EnqueueJob: rep.on_enqueue,
+            Queued: req.on_queued,
+            WillQueue: req.on_willqueue,
+            WorkingJob: req.on_working,
+            SetAck: acks.on_setack,
+            GotAck: acks.on_gotack,
+            DelJob: acks.on_deljob,
+            NeedJobs: fed.on_needjobs,
+            YourJobs: fed.on_yourjobs,
+            PauseQueue: self.on_pause,
+        }  # (each handler takes the message type it is listed with)
+
+    # ------------------------------------------------------------------ state events
+    def serve_waiters(self, q: Queue) -> None:
+        self.waiting.serve_waiters(q)
+
+    def serve_needers(self, q: Queue, now: int) -> None:
+        self.federation.serve_needers(q, now)
+
+    def replication_removed(self, job: Job) -> None:
+        self.replication.replication_removed(job)
+
+    def copy_confirmed(self, sender: bytes, job_id: bytes) -> None:
+        """A GOTJOB that answers no ADDJOB: a copy re-replication or repair made."""
+        if self.rereplication.inflight:
+            self.rereplication.confirmed(sender, job_id)  # a copy made again
+        if self.repair.inflight:
+            self.repair.confirmed(sender, job_id)  # a copy on a new node
+
+    def need_jobs(self, q: Queue, now: int, reached_zero: bool = False) -> None:
+        self.federation.need_jobs(q, now, reached_zero)
+
+    def queue_idle_ms(self) -> int:
+        return self.memory.queue_idle_ms()
+
+    # ------------------------------------------------------------------ the commands' API
+    # (what disque.commands and the server call; each goes to its subsystem)
+    def ackjob(self, ids: Iterable[bytes]) -> int:
+        return self.acks.ackjob(ids)
+
+    def fastack(self, ids: Iterable[bytes]) -> int:
+        return self.acks.fastack(ids)
+
+    def enqueue_jobs(self, ids: Iterable[bytes], nack: bool = False) -> int:
+        return self.requeue.enqueue_jobs(ids, nack)
+
+    def nack_jobs(self, ids: Iterable[bytes], delay: int | None = None) -> int:
+        return self.requeue.nack_jobs(ids, delay)
+
+    def dequeue_jobs(self, ids: Iterable[bytes]) -> int:
+        return self.requeue.dequeue_jobs(ids)
+
+    def working(self, job_id: bytes) -> int:
+        return self.requeue.working(job_id)
+
+    def block(self, waiter: Waiter, timeout_ms: int) -> None:
+        self.waiting.block(waiter, timeout_ms)
+
+    def unblock(self, waiter: Waiter) -> None:
+        self.waiting.unblock(waiter)
+
+    @property
+    def blocked(self) -> int:
+        """Clients blocked in GETJOB."""
+        return self.waiting.blocked
+
+    def memory_level(self) -> int:
+        return self.memory.memory_level()
+
+    def evict(self, target: int) -> int:
+        return self.memory.evict(target)
+
+    @property
+    def maxmemory_policy(self) -> str:
+        return self.memory.maxmemory_policy
+
+    @maxmemory_policy.setter
+    def maxmemory_policy(self, policy: str) -> None:
+        self.memory.maxmemory_policy = policy
+
+    @property
+    def queue_idle_timeout(self) -> int:
+        return self.memory.queue_idle_timeout
+
+    @queue_idle_timeout.setter
+    def queue_idle_timeout(self, seconds: int) -> None:
+        self.memory.queue_idle_timeout = seconds
+
+    def next_due(self) -> int | None:
+        return self.wheel.next_due()
+
+    def ensure_memory(self) -> bool:
+        return self.memory.ensure_memory()
+
+    def link_changed(self, node_id: bytes, up: bool) -> None:
+        self.replication.link_changed(node_id, up)
+
+    def wait_replication(self, job: Job, waiter: ReplWaiter, timeout_ms: int) -> None:
+        self.replication.wait_replication(job, waiter, timeout_ms)
+
+    def join_replication(self, job_id: bytes, waiter: ReplWaiter) -> bool:
+        return self.replication.join_replication(job_id, waiter)
+
+    def cancel_replication(self, job_id: bytes, waiter: ReplWaiter | None = None) -> bool:
+        return self.replication.cancel_replication(job_id, waiter)
+
+    def dedup_lookup(self, queue: bytes, key: bytes) -> bytes | None:
+        return self.dedup.lookup(queue, key)
+
+    def dedup_remember(self, queue: bytes, key: bytes, job: Job) -> None:
+        self.dedup.remember(queue, key, job)
+
+    def dedup_forget(self, queue: bytes, key: bytes, job_id: bytes) -> None:
+        self.dedup.forget(queue, key, job_id)
 
     def set_deadletter_defaults(self, max_deliveries: int, max_nacks: int,
                                 queue: bytes) -> None:
@@ -181,33 +247,6 @@ class Node(ClusterJobs):
         self.default_max_nacks = max_nacks
         self.deadletter_queue = queue
         self.deadletter_defaults_on = bool(max_deliveries or max_nacks)
-
-    def set_myself(self, myself: bytes) -> None:
-        """A new node ID (CLUSTER RESET HARD): new jobs carry its prefix."""
-        self.myself = myself
-        self._self_only = (myself,)
-        self.ids.prefix = b"D-" + myself[:8] + b"-"
-
-    # ------------------------------------------------------------------ cluster view
-    # With a Membership (the server always has one) these read the node table; without one
-    # (unit tests of the single-node logic) the node is alone.
-    def cluster_size(self) -> int:
-        """Known non-handshake nodes including myself."""
-        m = self.membership
-        return m.size() if m is not None else 1
-
-    def reachable_others(self) -> tuple[bytes, ...]:
-        m = self.membership
-        return m.reachable() if m is not None else ()
-
-    def linked_others(self) -> tuple[bytes, ...]:
-        """The reachable nodes our bus link to is up: where copies of jobs go."""
-        m = self.membership
-        return m.linked() if m is not None else ()
-
-    def is_known_node(self, node_id: bytes) -> bool:
-        m = self.membership
-        return m.get(node_id) is not None if m is not None else node_id == self.myself
 
     def hello_nodes(self) -> list[ClusterNode]:
         """Every known node for HELLO and CLUSTER NODES."""
@@ -230,141 +269,6 @@ class Node(ClusterJobs):
         now = self.clock()
         return [n for n, t in q.needjobs_responders.items() if now - t <= RESPONDER_VALID_MS]
 
-
-    # ------------------------------------------------------------------ memory
-    @property
-    def maxmemory(self) -> int:
-        return self._maxmemory
-
-    @maxmemory.setter
-    def maxmemory(self, value: int) -> None:
-        self._maxmemory = value
-        self.mem_evict_at = value * 95 // 100 if value else 1 << 62
-
-    def used_memory(self) -> int:
-        """Estimated bytes held: a fixed base, each job (JOB_MEMORY + body) and queue."""
-        return self.mem_used
-
-    def above_copy_limit(self) -> bool:
-        """Above 75% of maxmemory: this node holds no more copies of other nodes' jobs (it
-        refuses REPLJOB) and its own new jobs are replicated externally (memory_level 1+)."""
-        return bool(self._maxmemory) and self.mem_used * 4 > self._maxmemory * 3
-
-    def memory_level(self) -> int:
-        """0 normal; 1 above 75% of maxmemory; 2 above 95%; 3 above 100%."""
-        if not self.maxmemory:
-            return 0
-        used = self.used_memory()
-        if used > self.maxmemory:
-            return 3
-        if used * 100 > self.maxmemory * 95:
-            return 2
-        if used * 100 > self.maxmemory * 75:
-            return 1
-        return 0
-
-    def ensure_memory(self) -> bool:
-        """Before a command that adds memory (checklist section 11): above 95% of
-        maxmemory, policy `acks` evicts what is safe to drop; the command may run only if
-        that brings usage back under 95% (`noeviction`: refused at once)."""
-        if self.mem_used <= self.mem_evict_at:
-            return True
-        if self.maxmemory_policy == "acks":
-            self.evict(self.mem_evict_at)
-        return self.mem_used <= self.mem_evict_at
-
-    def evict(self, target: int) -> int:
-        """One eviction attempt (see evict_sample), timed as the latency event
-        `eviction-cycle`."""
-        started = self.latency.start()
-        freed = self.evict_sample(target)
-        self.latency.end(EVICTION_CYCLE, started)
-        return freed
-
-    def evict_sample(self, target: int) -> int:
-        """Free acked jobs and already delivered at-most-once jobs (never anything a consumer
-        could still need), then idle empty queues, until used memory <= target.
-
-        Each call examines a bounded sample (EVICT_SAMPLE jobs, then as many queues), going
-        on from where the previous call stopped, so successive calls cover the whole
-        registry: when nothing is evictable, a refused ADDJOB costs ~0.1 ms, not a walk over
-        millions of jobs (the original gives up after a few random samples)."""
-        freed = 0
-        for job in self._eviction_sample(self.jobs, "_evict_cursor"):
-            if self.used_memory() <= target:
-                return freed
-            if job.state == ACKED or (job.retry == 0 and job.flags & F_DELIVERED
-                                      and job.state != QUEUED):
-                self.delete_job(job)
-                freed += 1
-        # Then empty queues idle for the level-2 idle time (2 s), as the original's
-        # evictIdleQueues: a queue used a moment ago keeps its counters and sources.
-        now = self.clock()
-        idle_ms = min(self.queue_idle_timeout * 1000, 2000)
-        for q in self._eviction_sample(self.queues, "_evict_qcursor"):
-            if self.used_memory() <= target:
-                break
-            if q.evictable() and now - q.atime >= idle_ms:
-                self.drop_queue(q)
-        return freed
-
-    def _eviction_sample(self, table: ScanDict, cursor: str) -> Iterator[Any]:
-        """Entries of `table`, whole shards from the shard the attribute `cursor` names
-        (advanced as they are visited), until EVICT_SAMPLE entries were handed out."""
-        n = table.shard_count()
-        examined = 0
-        for _ in range(n):
-            if examined >= EVICT_SAMPLE:
-                return
-            i = getattr(self, cursor)
-            setattr(self, cursor, (i + 1) % n)
-            shard = table.shard(i)
-            if shard:
-                examined += len(shard)
-                yield from list(shard.values())
-
-    # ------------------------------------------------------------------ registry
-    def lookup_job(self, job_id: bytes) -> Job | None:
-        return self._jshards[hash(job_id) & self._jmask].get(job_id)
-
-    def register(self, job: Job) -> None:
-        """Add a job that is not registered yet (callers look it up first)."""
-        self._jshards[hash(job.id) & self._jmask][job.id] = job
-        self.jobs._len += 1
-        self.mem_used += JOB_MEMORY + len(job.body or b"")
-
-    def unregister(self, job: Job) -> None:
-        """Delete the job from memory and, if queued, from its queue (spec: UNREGISTER)."""
-        if job.state == QUEUED:
-            self.dequeue(job)
-        elif job.state == WAIT_REPL and job.id in self.replicating:
-            self.replication_removed(job)
-        if self.jobs.pop(job.id) is not None:
-            self.mem_used -= JOB_MEMORY + len(job.body or b"")
-            if job.state == ACKED and not job.flags & F_DUMMY:
-                self.note_collected(job.id)
-                if self.persist is not None:
-                    self.persist.deljob(job.id)  # its acked record (see ack_job) is done
-        self.wheel.cancel(job)  # (so the wheel lets go of a deleted job: see disque.timers)
-
-    def note_collected(self, job_id: bytes) -> None:
-        """Remember that `job_id` was acknowledged and forgotten here (see `collected`)."""
-        collected = self.collected
-        collected[job_id] = None
-        if len(collected) > COLLECTED_MAX:
-            collected.popitem(last=False)
-
-    def delete_job(self, job: Job) -> None:
-        """Unregister, logging the deletion when the AOF holds the job."""
-        if job.state in (ACTIVE, QUEUED) and self.persist is not None:
-            self.persist.deljob(job.id)
-        self.unregister(job)
-
-    def persist_failing(self) -> bool:
-        """The AOF cannot be written (a full disk): no new job nor copy is taken here."""
-        persist = self.persist
-        return persist is not None and persist.last_write_error is not None
-
     def cancel_adds(self, jobs: list[Job]) -> None:
         """New jobs whose LOADJOB could not be written to the AOF (a full disk): their
         clients are told the ADDJOB failed, so they go, here and on the nodes that got a
@@ -373,95 +277,10 @@ class Node(ClusterJobs):
         gone = set()
         for job in jobs:
             if self.lookup_job(job.id) is job and job.state in (ACTIVE, QUEUED):
-                self.delete_everywhere(job)
+                self.replication.delete_everywhere(job)
                 gone.add(job.id)
-        if gone and self.dedup:
-            for full, (job_id, _) in list(self.dedup.items()):
-                if job_id in gone:
-                    del self.dedup[full]
-                    self.mem_used -= DEDUP_MEMORY + len(full)
+        self.dedup.cancel(gone)
 
-    # ------------------------------------------------------------------ queues
-    def lookup_queue(self, name: bytes) -> Queue | None:
-        return self._qshards[hash(name) & self._qmask].get(name)
-
-    def create_queue(self, name: bytes, now: int = 0) -> Queue:
-        shard = self._qshards[hash(name) & self._qmask]
-        q = shard.get(name)
-        if q is None:
-            q = shard[name] = Queue(name, now or self.clock())
-            self.queues._len += 1
-            self.mem_used += QUEUE_MEMORY
-        return q
-
-    def drop_queue(self, q: Queue) -> None:
-        if self.queues.pop(q.name) is not None:
-            self.mem_used -= QUEUE_MEMORY
-
-    def enqueue(self, job: Job, now: int = 0) -> bool:
-        """Put an active job into its queue (spec: ENQUEUE; original: queueJob).
-
-        Refused for jobs already queued, not active, or that must never be queued again
-        (qtime 0: an at-most-once job after its first queueing).
-        """
-        if job.state != ACTIVE or job.qtime == 0:
-            return False
-        if not now:
-            now = self.clock()
-        q = self._qshards[hash(job.queue) & self._qmask].get(job.queue)
-        if q is None:  # (not `or`: that would ask the queue for its length)
-            q = self.create_queue(job.queue, now)
-        job.state = QUEUED
-        if job.flags & F_BCAST_QUEUED:
-            q.requeued += 1
-        else:
-            q.added += 1  # the first queueing on this node: jobs_in == added + requeued
-        job.flags = (job.flags | F_BCAST_QUEUED) & ~F_BCAST_WILLQUEUE
-        q.jobs.add(job)
-        q.jobs_in += 1
-        q.atime = now
-        # schedule_job() of a queued job, inlined: the next requeue, or the expiry
-        if job.retry:
-            job.qtime = qtime = (now + job.retry * 1000
-                                 + int(self._random() * 2 * REQUEUE_JITTER) - REQUEUE_JITTER)
-            when = qtime if qtime < job.etime else job.etime
-        else:
-            job.qtime = 0
-            when = job.etime
-        if job.awake != when:
-            self.wheel.schedule(job, when)
-        if q.waiters and not q.paused & PAUSE_OUT:
-            self.serve_waiters(q)
-        elif self.needers:
-            self.serve_needers(q, now)
-        return True
-
-    def dequeue(self, job: Job) -> bool:
-        """Take a queued job out of its queue; it stays active (spec: DEQUEUE)."""
-        if job.state != QUEUED:
-            return False
-        q = self.lookup_queue(job.queue)
-        if q is not None:
-            q.jobs.remove(job)
-        job.state = ACTIVE
-        return True
-
-    def fetch(self, q: Queue, now: int) -> Job:
-        """Pop the oldest job of a queue for a consumer."""
-        job = q.jobs.pop_first()
-        job.state = ACTIVE
-        job.flags |= F_DELIVERED
-        q.jobs_out += 1
-        q.atime = now
-        if len(job.delivered) > 1:
-            self.schedule_job(job)  # active with other holders: WILLQUEUE before requeueing
-        return job
-
-    def requeue_time(self, job: Job, now: int) -> int:
-        # uniform in [-250, +250) ms; random() is several times cheaper than randrange()
-        return now + job.retry * 1000 + int(self._random() * 2 * REQUEUE_JITTER) - REQUEUE_JITTER
-
-    # ------------------------------------------------------------------ ADDJOB
     def job_options(self, replicate: int | None, ttl: int | None, retry: int | None,
                     delay: int) -> tuple[int, int, int]:
         """ADDJOB's defaults and checks 3 and 4 (options that contradict each other):
@@ -492,7 +311,8 @@ class Node(ClusterJobs):
         """ADDJOB after option parsing: checks 3..7 of the checklist, in order. `dl`: the
         job's dead-letter policy (MAXDELIVERIES / MAXNACKS / DEADLETTER), if any."""
         m = self.membership
-        clustered = m is not None and m.size() > 1
+        if m is not None and m.size() <= 1:
+            m = None  # alone: the same as no cluster
         repl, ttl, retry = self.job_options(replicate, ttl, retry, delay)
         # External replication (checklist section 4): above 75% of maxmemory, or when leaving,
         # the node keeps no copy. Above 75% a lone node keeps its own (nobody else can hold
@@ -503,13 +323,13 @@ class Node(ClusterJobs):
         # reachable ones, as the original: a node whose link is down for a moment (a
         # reconnect) does not fail the ADDJOB, its job waits for a link (link_changed).
         linked: tuple[bytes, ...] = ()
-        if clustered:
+        if m is not None:
             linked = m.linked()
             if self.above_copy_limit():
                 external = True
         needed = repl if external else repl - 1
         if needed > len(linked):
-            reachable = m.reachable() if clustered else ()
+            reachable = m.reachable() if m is not None else ()
             if needed > len(reachable):
                 if external and needed - 1 == len(reachable):
                     why = "I'm leaving the cluster" if self.leaving else "I'm out of memory"
@@ -522,7 +342,7 @@ class Node(ClusterJobs):
                 # kept nowhere here and sent nowhere: the ID would name a job that is lost
                 raise CommandError("NOREPL", "Not enough reachable nodes for the requested "
                                              "replication level")
-        q = self._qshards[hash(queue) & self._qmask].get(queue)
+        q = self.qshards[hash(queue) & self.qmask].get(queue)
         if q is not None:
             if maxlen is not None and len(q.jobs) >= maxlen:
                 raise CommandError("MAXLEN", "Queue is already longer than the specified "
@@ -537,15 +357,15 @@ class Node(ClusterJobs):
         self.last_ctime = ctime
         job_id = self.ids.new_id(ttl, retry)
         job = Job(job_id, queue, body, repl, ctime, now + ttl * 1000, delay, retry,
-                  self._self_only)
+                  self.self_only)
         if dl is not None:
             job.dl = dl
         if needed:
             return self._add_replicated(job, linked, needed, external, async_, now,
                                         timeout_ms)
         # register(), inlined: this is the hot path of ADDJOB
-        self._jshards[hash(job_id) & self._jmask][job_id] = job
-        self.jobs._len += 1
+        self.jshards[hash(job_id) & self.jmask][job_id] = job
+        self.jobs.size += 1
         self.mem_used += JOB_MEMORY + len(body)
         job.state = ACTIVE
         if delay:
@@ -560,7 +380,7 @@ class Node(ClusterJobs):
             q.added += 1
             q.atime = now
             if retry:
-                job.qtime = (now + retry * 1000 + int(self._random() * 2 * REQUEUE_JITTER)
+                job.qtime = (now + retry * 1000 + int(self.random() * 2 * REQUEUE_JITTER)
                              - REQUEUE_JITTER)
                 self.wheel.schedule(job, job.qtime if job.qtime < job.etime else job.etime)
             else:
@@ -586,13 +406,13 @@ class Node(ClusterJobs):
         if needed >= len(linked):
             targets: Sequence[bytes] = linked
         elif needed == 1:
-            targets = [linked[int(self._random() * len(linked))]]
+            targets = [linked[int(self.random() * len(linked))]]
         else:
             targets = self.rng.sample(linked, needed)
-        job.delivered = self.shared_delivered((() if external else self._self_only)
+        job.delivered = self.shared_delivered((() if external else self.self_only)
                                               + tuple(targets))
         if async_ and external:
-            self.start_replication(job, targets, True, True, now)  # never registered here
+            self.replication.start_replication(job, targets, True, True, now)  # never registered here
             job.state = ACTIVE  # not WAIT_REPL: the command layer must not wait for it
             return job
         self.register(job)
@@ -603,33 +423,8 @@ class Node(ClusterJobs):
             # leaves wait-repl by then (replicated and scheduled, or deleted), and no
             # timer-wheel entry for its expiry is left to hold it for its whole TTL.
             self.schedule_job(job)
-        self.start_replication(job, targets, external, async_, now)
+        self.replication.start_replication(job, targets, external, async_, now)
         return job
-
-    def shared_delivered(self, nodes: tuple[bytes, ...]) -> tuple[bytes, ...]:
-        """One tuple object for every job whose `delivered` list is `nodes`: with
-        replication most jobs list the same few nodes, and each tuple of three IDs held
-        per job would cost 64 bytes (tuples are immutable: a job whose list changes gets
-        a new one). A few hundred distinct lists at most are kept."""
-        shared = self._delivered.get(nodes)
-        if shared is None:
-            if len(self._delivered) >= 256:
-                self._delivered.clear()
-            shared = self._delivered[nodes] = nodes
-        return shared
-
-    def activate(self, job: Job, now: int) -> None:
-        """A new job with its copies made (or not needed): queue it, or wait out its
-        DELAY; log it to the AOF."""
-        job.state = ACTIVE
-        if job.delay:
-            job.qtime = now + job.delay * 1000
-            self.schedule_job(job)
-        else:
-            job.qtime = now
-            self.enqueue(job, now)
-        if self.persist is not None:
-            self.persist.addjob(job)
 
     def load_job(self, job: Job, enqueue_queued: bool) -> bool:
         """Restore a job read from the AOF (a LOADJOB record); False if it is skipped.
@@ -651,7 +446,7 @@ class Node(ClusterJobs):
             # collected by the usual GC, starting a second from now.
             self.register(job)
             job.awake = 0
-            job.qtime = now + 1000 + int(self._random() * 500) - 250
+            job.qtime = now + 1000 + int(self.random() * 500) - 250
             self.schedule_job(job)
             return True
         saved_queued = job.state == QUEUED
@@ -664,7 +459,7 @@ class Node(ClusterJobs):
             return True
         if job.retry:
             job.qtime = now + (job.delay + job.retry) * 1000 + \
-                int(self._random() * 2 * REQUEUE_JITTER) - REQUEUE_JITTER
+                int(self.random() * 2 * REQUEUE_JITTER) - REQUEUE_JITTER
             if len(job.delivered) > 1 or self.myself not in job.delivered:
                 # It may have been acked and collected while we were down: ask first
                 # (see ClusterJobs.requeue_by_timer).
@@ -680,58 +475,20 @@ class Node(ClusterJobs):
         self.schedule_job(job)
         return True
 
-    # ------------------------------------------------------------------ DEDUP
-    # Idempotent production (ADDJOB ... DEDUP <key>): a producer that retries (a Spark task
-    # attempt, a client after a lost reply) sends the same key; within the job's TTL this
-    # node answers with the first job's ID instead of adding a copy, even after the job was
-    # acked and collected. The memory is per node: a retry must reach the same node.
-    def dedup_lookup(self, queue: bytes, key: bytes) -> bytes | None:
-        entry = self.dedup.get(queue + b"\0" + key)
-        if entry is None:
-            return None
-        if entry[1] <= self.clock():
-            return None
-        return entry[0]
-
-    def dedup_remember(self, queue: bytes, key: bytes, job: Job) -> None:
-        full = queue + b"\0" + key
-        self.dedup[full] = (job.id, job.etime)
-        heapq.heappush(self._dedup_heap, (job.etime, full))
-        self.mem_used += DEDUP_MEMORY + len(full)
-
-    def dedup_forget(self, queue: bytes, key: bytes, job_id: bytes) -> None:
-        """The ADDJOB failed (NOREPL): a retry must be able to add the job."""
-        full = queue + b"\0" + key
-        entry = self.dedup.get(full)
-        if entry is not None and entry[0] == job_id:
-            del self.dedup[full]
-            self.mem_used -= DEDUP_MEMORY + len(full)
-
-    def dedup_expire(self, now: int) -> None:
-        heap = self._dedup_heap
-        dedup = self.dedup
-        while heap and heap[0][0] <= now:
-            until, full = heapq.heappop(heap)
-            entry = dedup.get(full)
-            if entry is not None and entry[1] <= now:
-                del dedup[full]
-                self.mem_used -= DEDUP_MEMORY + len(full)
-
-    # ------------------------------------------------------------------ GETJOB
     def get_jobs(self, names: list[bytes], count: int) -> list[Job]:
         """Passes over the queues left to right, one job per queue per pass, until `count`
         jobs or a pass that yields nothing. Queues paused in output are skipped."""
-        shards = self._qshards
-        mask = self._qmask
+        shards = self.qshards
+        mask = self.qmask
         if count == 1 and len(names) == 1:  # the common GETJOB [NOHANG] FROM q
             q = shards[hash(names[0]) & mask].get(names[0])
-            if q is None or not q.jobs._len or q.paused & PAUSE_OUT:
+            if q is None or not q.jobs.size or q.paused & PAUSE_OUT:
                 self.need_jobs_for(names[0], q)
                 return []
             now = self.clock()
             job = self.fetch(q, now)
-            if not q.jobs._len and (q.needjobs_responders or q.waiters):
-                self.need_jobs(q, now, reached_zero=True)
+            if not q.jobs.size and (q.needjobs_responders or q.waiters):
+                self.federation.need_jobs(q, now, reached_zero=True)
             return [job]
         jobs: list[Job] = []
         queues = [shards[hash(n) & mask].get(n) for n in names]
@@ -744,7 +501,7 @@ class Node(ClusterJobs):
                         now = self.clock()
                     jobs.append(self.fetch(q, now))
                     if not q.jobs and (q.needjobs_responders or q.waiters):
-                        self.need_jobs(q, now, reached_zero=True)
+                        self.federation.need_jobs(q, now, reached_zero=True)
                     got = True
                     if len(jobs) >= count:
                         return jobs
@@ -762,60 +519,8 @@ class Node(ClusterJobs):
         now = self.clock()
         if q is None:
             q = self.create_queue(name, now)
-        self.need_jobs(q, now)
+        self.federation.need_jobs(q, now)
         return q
-
-    def block(self, waiter: Waiter, timeout_ms: int) -> None:
-        """Park a GETJOB client on its queues until a job, the timeout, or LEAVING."""
-        if self.leaving:
-            raise leaving()
-        waiter.node = self
-        now = self.clock()
-        for name in waiter.queues:
-            q = self.create_queue(name, now)
-            q.waiters[waiter] = None
-            self.waiting_queues.add(q)
-            if not q.jobs:
-                self.need_jobs(q, now)
-        self.blocked += 1
-        if timeout_ms:
-            waiter.timer = Timer(lambda now, w=waiter: self._waiter_timeout(w))
-            self.wheel.schedule(waiter.timer, self.clock() + timeout_ms)
-
-    def unblock(self, waiter: Waiter) -> None:
-        """Forget a blocked client (served, timed out, or disconnected)."""
-        removed = False
-        for name in waiter.queues:
-            q = self.queues.get(name)
-            if q is not None and q.waiters.pop(waiter, 0) is None:
-                removed = True
-                if not q.waiters:
-                    self.waiting_queues.discard(q)
-                    # the last blocked client left: try to collect the queue now (original
-                    # unblockClientBlockedForJobs -> GCQueue)
-                    if q.evictable() and self.clock() - q.atime >= self.queue_idle_ms():
-                        self.drop_queue(q)
-        if removed:
-            self.blocked -= 1
-        if waiter.timer is not None:
-            self.wheel.cancel(waiter.timer)
-            waiter.timer.callback = _no_callback  # the closure holds the waiter: no cycle
-            waiter.timer = None
-
-    def _waiter_timeout(self, waiter: Waiter) -> None:
-        self.unblock(waiter)
-        waiter.on_timeout()
-
-    def serve_waiters(self, q: Queue) -> None:
-        """Hand jobs of `q` to its blocked clients, oldest client first, one job each."""
-        waiters = q.waiters
-        while q.jobs and waiters and not q.paused & PAUSE_OUT:
-            waiter = next(iter(waiters))
-            self.unblock(waiter)
-            now = self.clock()
-            waiter.on_jobs([self.fetch(q, now)])
-            if not q.jobs and (q.needjobs_responders or waiters):
-                self.need_jobs(q, now, reached_zero=True)
 
     def set_leaving(self, flag: bool) -> None:
         """CLUSTER LEAVING yes|no; blocked GETJOB clients are told to go elsewhere."""
@@ -823,98 +528,11 @@ class Node(ClusterJobs):
         if self.membership is not None:
             self.membership.set_leaving(flag)
         if flag:
-            self.leaving_started()
+            self.replication.leaving_started()
             for q in list(self.queues.values()):
                 for waiter in list(q.waiters):
-                    self.unblock(waiter)
+                    self.waiting.unblock(waiter)
                     waiter.on_error(leaving())
-
-    # ------------------------------------------------------------------ ACK and friends
-    def ack_job(self, job: Job) -> None:
-        """Mark a job acknowledged (spec: ACK-JOB)."""
-        if job.state == ACKED:
-            return
-        if job.state == QUEUED:
-            self.dequeue(job)
-        logged = job.state in (ACTIVE, QUEUED) and self.persist is not None
-        job.state = ACKED
-        job.gc_retry = 0
-        if logged:
-            # The acknowledgement itself goes to the AOF (a bodiless acked LOADJOB), not a
-            # DELJOB: after a restart this node still answers WILLQUEUE with SETACK, so a
-            # copy elsewhere is not queued again after its ACKJOB returned (issue 13).
-            self.persist.ackjob(job)
-        # An acked job always has a GC attempt ahead (qtime, for an acked job): if the node
-        # driving the collection dies before its DELJOB arrives, this copy still goes.
-        job.qtime = self.clock() + 1000 + int(self._random() * 500) - 250
-        self.schedule_job(job)
-
-    def ackjob(self, ids: Iterable[bytes]) -> int:
-        known = 0
-        for job_id in ids:
-            job = self.jobs.get(job_id)
-            if job is None:
-                if (self.cluster_size() > 1 and not self.leaving
-                        and id_is_at_least_once(job_id)):
-                    self._dummy_ack(job_id)
-                continue
-            if job.state != ACKED:
-                known += 1
-                self.count_acked(job)
-                if job.delivered == self._self_only:
-                    # Only this node ever held it: START-GC would find nobody to ask and
-                    # delete it at once, so skip the GC timer ack_job arms for copies
-                    # elsewhere (a timer entry, a clock read and a random draw per ACK).
-                    self.delete_job(job)
-                    job.state = ACKED
-                    continue
-                self.ack_job(job)
-            self.start_gc(job)
-        return known
-
-    def count_acked(self, job: Job) -> None:
-        """A client acknowledged a job here (ACKJOB / FASTACK): the queue's acked total,
-        when the queue object still exists (an evicted empty queue is not re-created)."""
-        q = self.queue_of(job)
-        if q is not None:
-            q.acked += 1
-
-    def count_nacked(self, job: Job) -> None:
-        q = self.queue_of(job)
-        if q is not None:
-            q.nacked += 1
-
-    def queue_of(self, job: Job) -> Queue | None:
-        return (self._qshards[hash(job.queue) & self._qmask].get(job.queue)
-                if job.queue is not None else None)
-
-    def _dummy_ack(self, job_id: bytes) -> None:
-        now = self.clock()
-        job = Job(job_id, None, None, 0, 0, now + id_ttl_minutes(job_id) * 60_000, 0, 0, ())
-        job.state = ACKED
-        job.flags |= F_DUMMY
-        job.confirmed = self._self_only
-        self.register(job)
-        self.schedule_job(job)
-        self.start_gc(job)
-
-    def fastack(self, ids: Iterable[bytes]) -> int:
-        """Delete locally and send a best-effort DELJOB to every node that may have a copy
-        (to every node, for a job we do not know)."""
-        known = 0
-        for job_id in ids:
-            job = self.jobs.get(job_id)
-            if job is not None:
-                known += 1
-                if job.state != ACKED:
-                    self.count_acked(job)
-                if self.others(job):
-                    self.send_to(job.delivered, DelJob(self.header(), job_id))
-                    self.note_collected(job_id)
-                self.delete_job(job)
-            elif self.membership is not None and self.cluster_size() > 1:
-                self.send_to(self.reachable_or_known(), DelJob(self.header(), job_id))
-        return known
 
     def deljob(self, ids: Iterable[bytes]) -> int:
         known = 0
@@ -925,103 +543,6 @@ class Node(ClusterJobs):
                 self.delete_job(job)
         return known
 
-    def enqueue_jobs(self, ids: Iterable[bytes], nack: bool = False) -> int:
-        """ENQUEUE / NACK: active jobs back into their queue; counters as the checklist."""
-        moved = 0
-        for job_id in ids:
-            job = self.jobs.get(job_id)
-            if job is None or job.state != ACTIVE:
-                continue
-            if nack and job.dl is not None and job.qtime and \
-                    self.deadletters.check(job, self.clock(), nack=True):
-                moved += 1  # over its limit: into its dead-letter queue instead
-                continue
-            if job.qtime == 0:
-                continue  # never queued again (enqueue refuses it)
-            # counters first: enqueue may hand the job at once to a blocked GETJOB, whose
-            # WITHCOUNTERS reply must include them
-            requeued = job.flags & F_BCAST_QUEUED
-            if nack:
-                job.nacks += 1
-                self.count_nacked(job)
-                flags = QUEUED_INCR_NACKS
-            elif requeued:
-                job.deliveries += 1
-                flags = QUEUED_INCR_DELIV
-            else:
-                flags = 0
-            self.enqueue(job)
-            moved += 1
-            if self.membership is not None and (nack or requeued):
-                self.broadcast_queued(job, flags)
-        return moved
-
-    def nack_jobs(self, ids: Iterable[bytes], delay: int | None = None) -> int:
-        """NACK [DELAY seconds]: the consumer failed; the job goes back to its queue at once,
-        or after `delay` seconds (its requeue timer is set to then, and the other holders
-        push theirs past it). Without DELAY, a job added with BACKOFF is put off by its
-        backoff for the delivery that failed (DeadLetter.backoff_delay). Counts a nack
-        either way, never an additional delivery."""
-        if delay == 0:
-            return self.enqueue_jobs(ids, nack=True)
-        moved = 0
-        now = self.clock()
-        for job_id in ids:
-            job = self.jobs.get(job_id)
-            if job is None or job.state != ACTIVE:
-                continue
-            wait = delay
-            if wait is None:
-                dl = job.dl
-                wait = (dl.backoff_delay(1 + job.nacks + job.deliveries, self._random())
-                        if dl is not None and dl.backoff and job.qtime else 0)
-                if not wait:
-                    moved += self.enqueue_jobs((job_id,), nack=True)
-                    continue
-            if job.qtime == 0:
-                continue
-            moved += 1
-            if job.dl is not None and self.deadletters.check(job, now, nack=True):
-                continue
-            job.nacks += 1
-            self.count_nacked(job)
-            job.qtime = now + wait * 1000
-            job.flags = (job.flags | F_NACK_DELAYED) & ~F_BCAST_WILLQUEUE
-            self.schedule_job(job)
-            if self.membership is not None:
-                self.broadcast_nack_delay(job, wait)
-        return moved
-
-    def dequeue_jobs(self, ids: Iterable[bytes]) -> int:
-        moved = 0
-        for job_id in ids:
-            job = self.jobs.get(job_id)
-            if job is not None and self.dequeue(job):
-                moved += 1
-        return moved
-
-    def working(self, job_id: bytes) -> int:
-        """Postpone the next delivery by the retry time; returns the retry (seconds)."""
-        job = self.jobs.get(job_id)
-        if job is None:
-            raise CommandError("NOJOB", "Job not known in the context of this node.")
-        now = self.clock()
-        ctime_ms = job.ctime // 1_000_000
-        if now - ctime_ms > (job.etime - ctime_ms) / 2:
-            raise CommandError("TOOLATE", "Half of job TTL already elapsed, you are no longer "
-                                          "allowed to postpone the next delivery.")
-        if job.state == QUEUED:
-            self.dequeue(job)
-        # An acked job's qtime is its next GC attempt, not a requeue time: leave it alone.
-        if job.retry and job.qtime and job.state != ACKED:
-            job.qtime = self.requeue_time(job, now)
-            job.flags &= ~F_BCAST_WILLQUEUE
-            self.schedule_job(job)
-        if self.membership is not None:
-            self.broadcast_working(job)
-        return job.retry
-
-    # ------------------------------------------------------------------ PAUSE
     def pause(self, name: bytes, flags: int | None) -> bytes:
         """Set (flags not None) and report a queue's pause state."""
         q = self.queues.get(name)
@@ -1034,27 +555,6 @@ class Node(ClusterJobs):
                 if old & PAUSE_OUT and not flags & PAUSE_OUT and q.waiters:
                     self.serve_waiters(q)
         return q.pause_name() if q is not None else b"none"
-
-    # ------------------------------------------------------------------ timers
-    def schedule_job(self, job: Job) -> None:
-        """(Re)arm the job's timer at its next action: requeue, GC retry or expiry."""
-        when = job.etime
-        qt = job.qtime
-        if qt:
-            state = job.state
-            if state == ACTIVE:
-                if (job.retry and not job.flags & F_BCAST_WILLQUEUE
-                        and (len(job.delivered) > 1 or self.myself not in job.delivered)):
-                    qt -= 500  # WILLQUEUE first
-                if qt < when:
-                    when = qt
-            elif (state in (QUEUED, ACKED)) and qt < when:
-                when = qt
-        if job.awake != when:
-            self.wheel.schedule(job, when)
-
-    def next_due(self) -> int | None:
-        return self.wheel.next_due()
 
     def tick(self, now: int | None = None) -> None:
         """Run everything the wheel says is due; the pass is timed as the latency event
@@ -1091,67 +591,32 @@ class Node(ClusterJobs):
                 if job.retry and q is not None and q.paused & PAUSE_IN:
                     job.qtime = self.requeue_time(job, now)
                 else:
-                    self.requeue_by_timer(job, now)
+                    self.requeue.requeue_by_timer(job, now)
             elif job.retry and not job.flags & F_BCAST_WILLQUEUE and now >= qtime - 500:
-                self.will_queue(job)
+                self.requeue.will_queue(job)
         elif qtime and state == QUEUED and now >= qtime:
             job.qtime = self.requeue_time(job, now) if job.retry else 0
             if job.dl is not None and job.dl.epoch & 1:
                 self.deadletters.still_queued(job)
         elif qtime and state == ACKED and now >= qtime:
-            self.start_gc(job)
+            self.acks.start_gc(job)
         if self.jobs.get(job.id) is job:
             self.schedule_job(job)
 
     def _cluster_tick(self, now: int) -> None:
-        self.cluster_cron(now)
+        self.federation.cluster_cron(now)
         self.rereplication.tick(now)
         self.repair.tick(now)
         self.wheel.schedule(self._cluster_timer, now + 100)
 
-    def queues_with_waiters(self) -> list[Queue]:
-        return list(self.waiting_queues)
-
-    def queue_idle_ms(self) -> int:
-        """How long an empty queue must be idle to be collected: queue-idle-timeout, at
-        most 10 s above 75% of maxmemory and 2 s above 95% (checklist section 10)."""
-        idle_ms = self.queue_idle_timeout * 1000
-        level = self.memory_level()
-        if level >= 2:
-            return min(idle_ms, 2000)
-        if level >= 1:
-            return min(idle_ms, 10000)
-        return idle_ms
-
-    def _queue_gc(self, now: int) -> None:
-        """Evict a sample of empty, idle, unpaused queues with no blocked clients, forget
-        expired DEDUP keys, and above 95% of maxmemory evict what is safe to drop (the
-        original evicts before every command: this frees memory while a full node only
-        serves GETJOB / ACKJOB, without a per-command cost)."""
-        self.dedup_expire(now)
-        if self.mem_used > self.mem_evict_at and self.maxmemory_policy == "acks":
-            self.evict(self.mem_evict_at)
-        idle_ms = self.queue_idle_ms()
-        queues = self.queues
-        n = queues.shard_count()
-        for _ in range(QUEUE_GC_SHARDS):
-            shard = queues.shard(self._queue_gc_cursor)
-            self._queue_gc_cursor = (self._queue_gc_cursor + 1) % n
-            if shard:
-                for q in [q for q in shard.values() if q.evictable()
-                          and now - q.atime >= idle_ms]:
-                    self.drop_queue(q)
-        self.wheel.schedule(self._queue_gc_timer, now + QUEUE_GC_PERIOD)
-
-    # ------------------------------------------------------------------ admin
     def flushall(self) -> None:
         """Delete every job and queue (DEBUG FLUSHALL, CLUSTER RESET); blocked clients get
         a nil reply, clients waiting on replication -NOREPL."""
-        for rep in list(self.replicating.values()):
-            self.replication_removed(rep.job)
+        for rep in list(self.replication.replicating.values()):
+            self.replication.replication_removed(rep.job)
         for q in list(self.queues.values()):
             for waiter in list(q.waiters):
-                self.unblock(waiter)
+                self.waiting.unblock(waiter)
                 waiter.on_timeout()
         for job in list(self.jobs.values()):
             self.wheel.cancel(job)
@@ -1159,13 +624,27 @@ class Node(ClusterJobs):
                     and not job.flags & F_DUMMY) and self.persist is not None:
                 self.persist.deljob(job.id)
         self.jobs.clear()
-        self.reload_pending.clear()
+        self.requeue.reload_pending.clear()
         self.collected.clear()
         self.queues.clear()
-        self.waiting_queues.clear()
-        self.importing.clear()
+        self.waiting.waiting_queues.clear()
+        self.federation.importing.clear()
         self.dedup.clear()
-        self._dedup_heap.clear()
         self.needers.clear()
         self.deadletters.clear()
         self.mem_used = BASE_MEMORY
+
+    def broadcast_pause(self, name: bytes) -> None:
+        q = self.lookup_queue(name)
+        flags = q.paused if q is not None else 0
+        self.send_to(self.reachable_others(), PauseQueue(self.header(), name, flags))
+
+    def on_pause(self, sender: bytes, msg: PauseQueue) -> None:
+        self.pause(msg.queue, msg.flags & (PAUSE_IN | PAUSE_OUT))
+
+    def on_message(self, sender: bytes, msg: Message) -> None:
+        """A job message from another node of the cluster, to the subsystem that handles
+        its type (see `handlers`)."""
+        handler = self.handlers.get(type(msg))
+        if handler is not None:
+            handler(sender, msg)

@@ -34,8 +34,6 @@ requeues, which may lag behind by the messages it missed.
 
 from __future__ import annotations
 
-from typing import Any
-
 from disque.cluster.messages import (
     QUEUED_INCR_NACKS,
     QUEUED_RESET,
@@ -46,20 +44,14 @@ from disque.cluster.messages import (
     Queued,
     WillQueue,
 )
+from disque.cluster.records import state_bits
 from disque.jobs.deadletter import MAX_EPOCH, REASON_EXPIRED, REASON_NONE
 from disque.jobs.job import ACTIVE, F_BCAST_WILLQUEUE, F_NACK_DELAYED, QUEUED, Job
+from disque.state import NodeState
 from disque.timers import Timer
 
 REDRIVE_TICK_MS = 100
 REDRIVE_SCAN_EXTRA = 1000  # queued jobs a tick looks at past its budget, at most
-
-
-def state_bits(job: Job) -> int:
-    """The job's dead-letter state as QUEUED / WILLQUEUE carry it in `aux`."""
-    dl = job.dl
-    if dl is None:
-        return 0
-    return (dl.epoch << STATE_EPOCH_SHIFT) | (dl.reason << STATE_REASON_SHIFT)
 
 
 class RedriveTask:
@@ -78,7 +70,7 @@ class RedriveTask:
 class DeadLetters:
     """The node's dead-letter side: counters, the decisions above, REDRIVE tasks."""
 
-    def __init__(self, node: Any) -> None:
+    def __init__(self, node: NodeState) -> None:
         self.node = node
         self.deadlettered = 0  # jobs this node moved into a dead-letter queue
         self.redriven = 0  # jobs this node moved back to their source queue
@@ -103,7 +95,8 @@ class DeadLetters:
     def dead_letter(self, job: Job, reason: int, now: int, flags: int = 0) -> None:
         node = self.node
         by_queue = self.by_queue
-        by_queue[job.queue] = by_queue.get(job.queue, 0) + 1
+        source = job.queue or b""  # (a job with a policy always has its queue)
+        by_queue[source] = by_queue.get(source, 0) + 1
         if job.state == QUEUED:
             node.dequeue(job)
         dl = job.dl = job.dl.moved(min(job.dl.epoch + 1, MAX_EPOCH), reason, now)
@@ -146,7 +139,7 @@ class DeadLetters:
     def _requeue(self, job: Job, now: int, flags: int) -> None:
         """Queue the job in its (new) queue here and tell the other holders."""
         node = self.node
-        job.state = ACTIVE
+        # (active: the callers took a queued copy out of its old queue first)
         job.flags &= ~F_NACK_DELAYED
         job.qtime = now  # due: allowed even for a job whose timer had ended
         node.enqueue(job, now)

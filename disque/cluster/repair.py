@@ -51,13 +51,13 @@ new nodes and confirmed, since start).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Protocol
 
-from disque.cluster.jobs import job_record
 from disque.cluster.messages import ReplJob
 from disque.cluster.nodes import HANDSHAKE, LEAVING, MYSELF
-from disque.cluster.rereplication import MAX_ATTEMPTS, overdue
-from disque.jobs.job import ACTIVE, F_DUMMY, F_RELOADED, QUEUED
+from disque.cluster.records import MAX_ATTEMPTS, job_record, overdue
+from disque.jobs.job import ACTIVE, F_DUMMY, F_RELOADED, QUEUED, Job
+from disque.state import NodeState
 from disque.timers import Timer
 
 DEFAULT_RATE = 5000  # copies per second (repair-rate)
@@ -73,6 +73,14 @@ def rank(node_id: bytes, job_id: bytes) -> int:
     return int.from_bytes(node_id[:8], "big") ^ int.from_bytes(job_id[11:19], "big")
 
 
+class Refilling(Protocol):
+    """What repair reads of re-replication (disque.cluster.rereplication): the restarted
+    nodes whose walk is under way, and the copies sent to them not confirmed yet."""
+
+    cursors: dict[bytes, int]
+    inflight: dict[tuple[bytes, bytes], tuple[int, int]]
+
+
 class Repair:
     """Held by the node (`node.repair`); `tick(now)` from the cluster cron,
     `confirmed(sender, job_id)` for a GOTJOB that answers neither ADDJOB nor
@@ -83,16 +91,17 @@ class Repair:
 
     __slots__ = ("node", "rate", "grace", "down", "stale_seen", "linked_seen", "view",
                  "cursor", "again", "timer", "tokens", "last_step", "inflight", "pending",
-                 "repaired", "under", "found")
+                 "repaired", "under", "found", "refilling")
 
-    def __init__(self, node: Any, rate: int = DEFAULT_RATE,
+    def __init__(self, node: NodeState, refilling: Refilling, rate: int = DEFAULT_RATE,
                  grace: int = DEFAULT_GRACE_MS) -> None:
         self.node = node
+        self.refilling = refilling
         self.rate = rate  # copies per second; 0: repair off
         self.grace = grace  # ms a holder may be unreachable before its copies are made
         self.down: dict[bytes, int] = {}  # unreachable node -> since (ms)
         self.stale_seen: frozenset[bytes] = frozenset()  # past their grace at the last tick
-        self.linked_seen: Any = None  # the linked tuple of the last tick
+        self.linked_seen: tuple[bytes, ...] | None = None  # the linked tuple of the last tick
         # what the last tick saw, for the steps: (linked, alive, spared, stale)
         self.view: tuple[tuple[bytes, ...], set[bytes], set[bytes], frozenset[bytes]] = (
             (), set(), set(), frozenset())
@@ -198,8 +207,8 @@ class Repair:
         pending = self.pending
         # restarted nodes this node's re-replication is still refilling, and its copies
         # sent but not confirmed: not counted as holders of those jobs yet
-        refilling = node.rereplication.cursors
-        unconfirmed = node.rereplication.inflight
+        refilling = self.refilling.cursors
+        unconfirmed = self.refilling.inflight
         cursor = self.cursor
         looked = 0
         # per distinct node list (jobs added together share one tuple): its reachable
@@ -255,7 +264,7 @@ class Repair:
             self.cursor = cursor
         return budget
 
-    def _copy(self, job: Any, targets: list[bytes], live: list[bytes], now: int) -> None:
+    def _copy(self, job: Job, targets: list[bytes], live: list[bytes], now: int) -> None:
         """Grow the job's node list, send the job to `targets` and the list to the other
         reachable holders."""
         node = self.node

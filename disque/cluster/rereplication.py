@@ -38,33 +38,14 @@ restored), `rereplication_pending` (copies sent, GOTJOB not back yet), `rereplic
 
 from __future__ import annotations
 
-from typing import Any
-
-from disque.cluster.jobs import job_record
 from disque.cluster.messages import ReplJob
 from disque.cluster.nodes import HANDSHAKE, MYSELF
-from disque.jobs.job import ACTIVE, F_DUMMY, F_RELOADED, QUEUED
+from disque.cluster.records import MAX_ATTEMPTS, job_record, overdue
+from disque.jobs.job import ACTIVE, F_DUMMY, F_RELOADED, QUEUED, Job
+from disque.state import NodeState
 
 DEFAULT_RATE = 5000  # copies per second (rereplicate-rate)
 CRON_PER_SECOND = 10  # the cluster cron runs every 100 ms
-CONFIRM_MS = 1000  # a REPLJOB unconfirmed for this long is sent again (lost with a link)
-MAX_ATTEMPTS = 5
-
-
-def overdue(inflight: dict[tuple[bytes, bytes], tuple[int, int]],
-            now: int) -> list[tuple[tuple[bytes, bytes], int]]:
-    """The copies in `inflight` ((node ID, job ID) -> (sent at, attempts)) still without
-    their GOTJOB CONFIRM_MS after they were sent: [(key, attempts)]. Entries are inserted
-    when sent (a copy sent again is removed first), so they are in the order of their
-    send times: the walk stops at the first one not due."""
-    due = []
-    for key, (sent, attempts) in inflight.items():
-        if now - sent < CONFIRM_MS:
-            break
-        due.append((key, attempts))
-    return due
-
-
 class Rereplication:
     """Held by the node (`node.rereplication`); `tick(now)` from the cluster cron,
     `confirmed(sender, job_id)` for a GOTJOB that answers none of ADDJOB's REPLJOBs.
@@ -74,7 +55,7 @@ class Rereplication:
 
     __slots__ = ("node", "rate", "seen", "cursors", "inflight", "rereplicated")
 
-    def __init__(self, node: Any, rate: int = DEFAULT_RATE) -> None:
+    def __init__(self, node: NodeState, rate: int = DEFAULT_RATE) -> None:
         self.node = node
         self.rate = rate  # copies per second; 0: re-replication off
         self.seen: dict[bytes, int] = {}  # node ID -> incarnation last seen
@@ -128,11 +109,11 @@ class Rereplication:
         leaving."""
         return node_id in self.node.linked_others()
 
-    def _wanted(self, job: Any, target: bytes) -> bool:
-        return (job.state in (ACTIVE, QUEUED) and job.retry
+    def _wanted(self, job: Job, target: bytes) -> bool:
+        return (job.state in (ACTIVE, QUEUED) and job.retry > 0
                 and not job.flags & (F_DUMMY | F_RELOADED) and target in job.delivered)
 
-    def _send(self, target: bytes, job: Any, now: int, attempts: int) -> None:
+    def _send(self, target: bytes, job: Job, now: int, attempts: int) -> None:
         node = self.node
         node.send(target, ReplJob(node.header(), job_record(job, now), False))
         self.inflight[(target, job.id)] = (now, attempts)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from disque.cluster.jobs import ReplWaiter
+from disque.cluster.replication import ReplWaiter
 from disque.commands import command, int_arg, parse_int, timeout_arg
 from disque.jobs.deadletter import REASON_NAMES, DeadLetter
 from disque.jobs.ids import is_valid_id
@@ -19,7 +19,7 @@ from disque.jobs.job import (
     WAIT_REPL,
     Job,
 )
-from disque.node import Waiter
+from disque.node import Node, Waiter
 from disque.protocol.errors import CommandError, aof_write_failed, badid, err, syntax
 from disque.protocol.reply import Status, array_len, encode, integer
 
@@ -261,7 +261,7 @@ def cmd_addjobs(c: Any, argv: list[bytes]) -> None:
     node.job_options(o.replicate, o.ttl, o.retry, o.delay)
     o.dl = deadletter_policy(node, queue, o)  # one policy object shared by the batch
     group = AddJobGroup(c, array_len(len(items) // 2 if o.with_dedup else len(items)))
-    replicating = node.replicating
+    replicating = node.replication.replicating
     persist = node.persist
     unqueued = 0  # new jobs of this batch waiting for their copies (MAXLEN counts them)
     for k in range(0, len(items), 2 if o.with_dedup else 1):
@@ -289,6 +289,7 @@ class BlockedAddJob(ReplWaiter):
 
     def __init__(self, client: Any, queue: bytes, dedup: bytes | None) -> None:
         self.client = client
+        self.node: Node = client.node
         self.queue = queue
         self.dedup = dedup
         self.group: AddJobGroup | None = None

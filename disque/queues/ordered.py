@@ -23,23 +23,23 @@ _ctime = attrgetter("ctime")
 
 
 class OrderedJobs:
-    __slots__ = ("_chunks", "_maxes", "_len")
+    __slots__ = ("_chunks", "_maxes", "size")
 
     def __init__(self) -> None:
         self._chunks: list[list[Any]] = []
         self._maxes: list[int] = []
-        self._len = 0
+        self.size = 0
 
     def __len__(self) -> int:
-        return self._len
+        return self.size
 
     def __bool__(self) -> bool:
-        return self._len > 0
+        return self.size > 0
 
     def add(self, job: Any) -> None:
         ct = job.ctime
         maxes = self._maxes
-        self._len += 1
+        self.size += 1
         if not maxes:
             self._chunks.append([job])
             maxes.append(ct)
@@ -81,7 +81,7 @@ class OrderedJobs:
     def _delete(self, i: int, j: int) -> None:
         chunk = self._chunks[i]
         del chunk[j]
-        self._len -= 1
+        self.size -= 1
         if not chunk:
             del self._chunks[i]
             del self._maxes[i]
@@ -90,18 +90,18 @@ class OrderedJobs:
 
     def pop_first(self) -> Any:
         """Remove and return the oldest job, or None when empty."""
-        if not self._len:
+        if not self.size:
             return None
         chunk = self._chunks[0]
         job = chunk.pop(0)
-        self._len -= 1
+        self.size -= 1
         if not chunk:
             del self._chunks[0]
             del self._maxes[0]
         return job
 
     def first(self) -> Any:
-        return self._chunks[0][0] if self._len else None
+        return self._chunks[0][0] if self.size else None
 
     def __iter__(self) -> Iterator[Any]:
         """Oldest to newest (snapshot per chunk: safe against changes between chunks)."""
@@ -132,4 +132,4 @@ class OrderedJobs:
     def clear(self) -> None:
         self._chunks.clear()
         self._maxes.clear()
-        self._len = 0
+        self.size = 0

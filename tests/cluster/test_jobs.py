@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from disque.cluster.jobs import NOREPL_REMOVED, NOREPL_TIMEOUT
+from disque.cluster.replication import NOREPL_REMOVED, NOREPL_TIMEOUT
 from tests.cluster.conftest import (
     NODE_TIMEOUT,
     Cluster,

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from disque.node import REQUEUE_JITTER
+from disque.state import REQUEUE_JITTER
 from tests.cluster.conftest import NODE_TIMEOUT, cmd, kill_until_failed, parse_fields
 from tests.harness import DisqueProcess, wait_for
 from tests.integration.resp import pairs

@@ -37,10 +37,11 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from disque.cluster.jobs import ReplWaiter, job_from_record, job_record
 from disque.cluster.membership import TICK_MS, LinkChanged
 from disque.cluster.messages import JOB_TYPES, Message
 from disque.cluster.nodes import HANDSHAKE
+from disque.cluster.records import job_from_record, job_record
+from disque.cluster.replication import ReplWaiter
 from disque.jobs.deadletter import DeadLetter
 from disque.jobs.job import ACTIVE, QUEUED, WAIT_REPL, Job
 from disque.node import Node, Waiter
@@ -193,9 +194,8 @@ class SimCluster(SimNetwork):
     # ------------------------------------------------------------------ hosts
     def _new_node(self, sn: SimNode) -> Node:
         rng = random.Random(self.seed * 2_000_003 + sn.idx * 7 + sn.incarnation * 10_007)
-        node = Node(sn.membership.myself, self._clock, rng=rng, randbytes=rng.randbytes)
-        node.membership = sn.membership
-        node.leaving = sn.membership.leaving
+        node = Node(sn.membership.myself, self._clock, rng=rng, randbytes=rng.randbytes,
+                    membership=sn.membership)
         if self.repair_grace is not None:
             node.repair.grace = self.repair_grace
         if self.copy_rate is not None:

@@ -198,7 +198,7 @@ def test_sync_addjobs_do_not_wait_for_a_crashed_node() -> None:
     link_down = lambda: net.nodes[0].membership.get(dead).out_link is None  # noqa: E731
     before = [net.addjob(0, replicate=2, retry=30, timeout=30_000) for _ in range(40)]
     net.crash(2)  # before any GOTJOB could come back: some of them wait on node 2
-    waiting = [rep.job for rep in net.node(0).replicating.values()]
+    waiting = [rep.job for rep in net.node(0).replication.replicating.values()]
     assert sum(dead in job.delivered for job in waiting) >= 5
     assert net.run_until_true(link_down, 1000, step=1)
     after = [net.addjob(0, replicate=2, retry=30, timeout=30_000) for _ in range(40)]

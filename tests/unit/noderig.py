@@ -17,10 +17,9 @@ class NodeRig:
     def __init__(self, peers: dict[bytes, bytes]) -> None:
         self.now = T0
         rng = random.Random(1)
-        self.node = Node(ME, self.clock, rng=rng, randbytes=rng.randbytes)
         self.m = Membership(ME, 7711, clock=self.clock, rng=random.Random(2))
         self.m.load([ClusterNode(p, ip, 7711) for p, ip in peers.items()])
-        self.node.membership = self.m
+        self.node = Node(ME, self.clock, rng=rng, randbytes=rng.randbytes, membership=self.m)
         self.link = object()  # an inbound link the peers' PINGs arrive on
         self.m.link_accepted(self.link, b"10.0.0.1")
         self.out_links: dict[bytes, object] = {}

@@ -42,7 +42,8 @@ from disque.jobs.job import (
     Job,
 )
 from disque.jobs.serialize import SerializeError, deserialize_job, serialize_job
-from disque.node import REQUEUE_JITTER, Node
+from disque.node import Node
+from disque.state import REQUEUE_JITTER
 
 MYID = b"0123abcd" + b"e" * 32
 OTHER = b"89abcdef" + b"0" * 32

@@ -1,4 +1,4 @@
-"""disque.cluster.jobs: the spec's job state machines, handler by handler, with a fake clock.
+"""disque.cluster (replication, requeue, acks, federation): the spec's job state machines, handler by handler, with a fake clock.
 
 A `Rig` is one Node with a real Membership whose table was loaded with peers (known and
 reachable, outbound bus links up as the Bus would report them: no sockets, the Node's
@@ -18,16 +18,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from disque.cluster.jobs import (
-    GC_MAX_ATTEMPT,
-    GC_MAX_MS,
-    NEEDER_HOLD_MS,
-    NOREPL_REMOVED,
-    NOREPL_TIMEOUT,
-    RESPONDER_VALID_MS,
-    ReplWaiter,
-    sender_wins,
-)
+from disque.cluster.acks import GC_MAX_ATTEMPT, GC_MAX_MS
+from disque.cluster.federation import NEEDER_HOLD_MS, RESPONDER_VALID_MS
 from disque.cluster.membership import Connect, LinkChanged, Membership
 from disque.cluster.messages import (
     QUEUED_INCR_DELIV,
@@ -54,12 +46,15 @@ from disque.cluster.messages import (
     YourJobs,
 )
 from disque.cluster.nodes import LEAVING, ClusterNode
+from disque.cluster.replication import NOREPL_REMOVED, NOREPL_TIMEOUT, ReplWaiter
+from disque.cluster.requeue import sender_wins
 from disque.jobs.ids import IdGenerator, id_is_at_least_once, id_ttl_minutes
 from disque.jobs.job import ACKED, ACTIVE, F_DUMMY, QUEUED, WAIT_REPL, Job
 from disque.jobs.serialize import deserialize_job, serialize_job
-from disque.node import BASE_MEMORY, Node, Waiter
+from disque.node import Node, Waiter
 from disque.protocol.errors import CommandError
 from disque.queues.queue import PAUSE_IN, PAUSE_OUT
+from disque.state import BASE_MEMORY
 from disque.timers import RES
 
 T0 = 1_700_000_000_000
@@ -117,10 +112,10 @@ class Rig:
                  seed: int = 1, linked: bool = True, **kw: Any) -> None:
         self.now = T0
         rng = random.Random(seed)
-        self.node = Node(myself, self.clock, rng=rng, randbytes=rng.randbytes, **kw)
         self.m = Membership(myself, 7711, clock=self.clock, rng=random.Random(seed + 1))
         self.m.load([ClusterNode(p, b"10.0.0.%d" % (i + 2), 7711) for i, p in enumerate(peers)])
-        self.node.membership = self.m
+        self.node = Node(myself, self.clock, rng=rng, randbytes=rng.randbytes,
+                         membership=self.m, **kw)
         self.ids = IdGenerator(A, random.Random(seed + 2).randbytes)
         self.links: dict[bytes, object] = {}
         if linked:
@@ -206,7 +201,7 @@ class Rig:
     def replica(self, **kw: Any) -> Job:
         """A copy held here after a REPLJOB from A (the GOTJOB reply is discarded)."""
         rec = self.record(**kw)
-        self.node.on_repljob(A, ReplJob(hdr(A), rec, False))
+        self.node.on_message(A, ReplJob(hdr(A), rec, False))
         self.take()
         job = self.node.lookup_job(rec.id)
         assert job is not None
@@ -214,7 +209,7 @@ class Rig:
 
     def queued_replica(self, **kw: Any) -> Job:
         job = self.replica(**kw)
-        self.node.on_enqueue(A, EnqueueJob(hdr(A), job.id, 0))
+        self.node.on_message(A, EnqueueJob(hdr(A), job.id, 0))
         assert job.state == QUEUED
         self.take()
         return job
@@ -240,7 +235,7 @@ def near(value: int, expected: int, jitter: int = 250) -> bool:
 def test_repljob_of_a_new_job_stores_it_active_requeue_at_delay_plus_retry_and_gotjob() -> None:
     r = Rig()
     rec = r.record(retry=10, delay=5, delivered=(A, B))
-    r.node.on_repljob(A, ReplJob(hdr(A), rec, False))
+    r.node.on_message(A, ReplJob(hdr(A), rec, False))
     job = r.node.lookup_job(rec.id)
     assert job is not None and job.state == ACTIVE
     assert r.qlen() == 0
@@ -265,7 +260,7 @@ def test_repljob_of_a_known_job_merges_delivered_and_still_answers_gotjob() -> N
     job = r.replica(delivered=(A, ME))
     qtime = job.qtime
     rec = r.record(job_id=job.id, delivered=(A, ME, C))
-    r.node.on_repljob(A, ReplJob(hdr(A), rec, False))
+    r.node.on_message(A, ReplJob(hdr(A), rec, False))
     assert r.node.lookup_job(job.id) is job
     assert set(job.delivered) == {A, ME, C}
     assert job.qtime == qtime  # not a new copy: the requeue time stays
@@ -305,7 +300,7 @@ def test_a_frame_of_gotjobs_confirms_each_job() -> None:
 def test_repljob_with_noreply_stores_the_copy_without_gotjob() -> None:
     r = Rig()
     rec = r.record()
-    r.node.on_repljob(A, ReplJob(hdr(A), rec, True))
+    r.node.on_message(A, ReplJob(hdr(A), rec, True))
     assert r.node.lookup_job(rec.id) is not None
     assert r.take() == []
 
@@ -314,7 +309,7 @@ def test_repljob_is_refused_without_gotjob_above_75_percent_of_maxmemory() -> No
     r = Rig(maxmemory=BASE_MEMORY * 100 // 80)  # the base alone is 80%
     assert r.node.memory_level() == 1
     rec = r.record()
-    r.node.on_repljob(A, ReplJob(hdr(A), rec, False))
+    r.node.on_message(A, ReplJob(hdr(A), rec, False))
     assert r.node.lookup_job(rec.id) is None and r.take() == []
 
 
@@ -322,7 +317,7 @@ def test_repljob_is_refused_by_a_leaving_node() -> None:
     r = Rig()
     r.node.set_leaving(True)
     rec = r.record()
-    r.node.on_repljob(A, ReplJob(hdr(A), rec, False))
+    r.node.on_message(A, ReplJob(hdr(A), rec, False))
     assert r.node.lookup_job(rec.id) is None and r.take() == []
 
 
@@ -330,10 +325,10 @@ def test_repljob_is_refused_when_the_queue_is_paused_in_input() -> None:
     r = Rig()
     r.node.pause(b"q", PAUSE_IN)
     rec = r.record()
-    r.node.on_repljob(A, ReplJob(hdr(A), rec, False))
+    r.node.on_message(A, ReplJob(hdr(A), rec, False))
     assert r.node.lookup_job(rec.id) is None and r.take() == []
     r.node.pause(b"q", PAUSE_OUT)  # paused in output only: accepted
-    r.node.on_repljob(A, ReplJob(hdr(A), rec, False))
+    r.node.on_message(A, ReplJob(hdr(A), rec, False))
     assert r.node.lookup_job(rec.id) is not None
 
 
@@ -353,9 +348,9 @@ def test_sync_addjob_sends_repljob_to_replicate_minus_one_random_reachable_nodes
 def test_gotjob_is_ignored_unless_the_job_waits_for_replication() -> None:
     r = Rig()
     job = r.replica()
-    r.node.on_gotjob(B, GotJob(hdr(B), job.id))
+    r.node.on_message(B, GotJob(hdr(B), job.id))
     assert job.state == ACTIVE and job.confirmed == () and B not in job.delivered
-    r.node.on_gotjob(B, GotJob(hdr(B), r.ids.new_id(3600, 10)))  # unknown: nothing
+    r.node.on_message(B, GotJob(hdr(B), r.ids.new_id(3600, 10)))  # unknown: nothing
     assert r.take() == []
 
 
@@ -363,15 +358,15 @@ def test_replication_achieved_queues_the_job_and_answers_the_client() -> None:
     r = Rig(peers=(A, B, C, D))
     job, client = r.add_sync(replicate=3)
     t1, t2 = targets(r.take(), ReplJob)
-    r.node.on_gotjob(t1, GotJob(hdr(t1), job.id))
+    r.node.on_message(t1, GotJob(hdr(t1), job.id))
     assert job.state == WAIT_REPL and not client.added
-    r.node.on_gotjob(t1, GotJob(hdr(t1), job.id))  # a duplicate does not count twice
+    r.node.on_message(t1, GotJob(hdr(t1), job.id))  # a duplicate does not count twice
     assert job.state == WAIT_REPL and not client.added
-    r.node.on_gotjob(t2, GotJob(hdr(t2), job.id))
+    r.node.on_message(t2, GotJob(hdr(t2), job.id))
     assert client.added == [job.id] and not client.errors
     assert job.state == QUEUED and r.qlen() == 1
     assert set(job.delivered) >= {ME, t1, t2}
-    assert job.id not in r.node.replicating
+    assert job.id not in r.node.replication.replicating
     r.advance(1000)
     assert not r.take()  # no more REPLJOB once replicated
 
@@ -380,7 +375,7 @@ def test_replication_achieved_with_delay_keeps_the_job_active_until_the_delay() 
     r = Rig()
     job, client = r.add_sync(replicate=2, delay=3)
     (t1,) = targets(r.take(), ReplJob)
-    r.node.on_gotjob(t1, GotJob(hdr(t1), job.id))
+    r.node.on_message(t1, GotJob(hdr(t1), job.id))
     assert client.added == [job.id]
     assert job.state == ACTIVE and job.qtime == T0 + 3000 and r.qlen() == 0
     r.advance(2990)
@@ -395,9 +390,9 @@ def test_external_replication_sends_enqueue_to_one_confirmer_and_drops_the_local
     sent = targets(r.take(), ReplJob)
     assert len(sent) == 2 and ME not in job.delivered  # W copies elsewhere, none here
     assert job.confirmed == ()
-    r.node.on_gotjob(sent[0], GotJob(hdr(sent[0]), job.id))
+    r.node.on_message(sent[0], GotJob(hdr(sent[0]), job.id))
     assert not client.added
-    r.node.on_gotjob(sent[1], GotJob(hdr(sent[1]), job.id))
+    r.node.on_message(sent[1], GotJob(hdr(sent[1]), job.id))
     assert client.added == [job.id]
     ((to, msg),) = of(r.take(), EnqueueJob)
     assert to in sent and msg.job_id == job.id and msg.aux == 7
@@ -408,7 +403,7 @@ def test_sync_addjob_adds_one_more_node_every_50_ms_and_refreshes_delivered() ->
     r = Rig(peers=(A, B, C, D))
     job, client = r.add_sync(replicate=3, timeout=10_000)
     first = targets(r.take(), ReplJob)
-    r.node.on_gotjob(first[0], GotJob(hdr(first[0]), job.id))
+    r.node.on_message(first[0], GotJob(hdr(first[0]), job.id))
     r.advance(49)
     assert r.take() == [] and len(job.delivered) == 3
     r.advance(1 + RES)
@@ -440,7 +435,7 @@ def test_sync_addjob_timeout_answers_norepl_and_deletes_every_copy() -> None:
     r.take()
     r.advance(1 + RES)
     assert [(e.prefix, e.message) for e in client.errors] == [("NOREPL", NOREPL_TIMEOUT)]
-    assert r.node.lookup_job(job.id) is None and job.id not in r.node.replicating
+    assert r.node.lookup_job(job.id) is None and job.id not in r.node.replication.replicating
     holders = [n for n in job.delivered if n != ME]
     assert sorted(holders) == [A, B, C, D]  # the 50 ms ticks added everybody
     assert targets(r.take(), DelJob) == sorted(holders)
@@ -451,7 +446,7 @@ def test_sync_addjob_timeout_answers_norepl_and_deletes_every_copy() -> None:
 def test_a_job_deleted_while_waiting_for_replication_answers_job_removed() -> None:
     r = Rig()
     job, client = r.add_sync(replicate=3)
-    r.node.on_deljob(A, DelJob(hdr(A), job.id))
+    r.node.on_message(A, DelJob(hdr(A), job.id))
     assert [(e.prefix, e.message) for e in client.errors] == [("NOREPL", NOREPL_REMOVED)]
     assert NOREPL_REMOVED == ("job removed (expired?) before the requested replication "
                               "level was achieved")
@@ -473,7 +468,7 @@ def test_an_addjob_client_that_goes_away_deletes_the_job_cluster_wide() -> None:
     job, client = r.add_sync(replicate=3)
     sent = targets(r.take(), ReplJob)
     client.cancel()
-    assert r.node.lookup_job(job.id) is None and job.id not in r.node.replicating
+    assert r.node.lookup_job(job.id) is None and job.id not in r.node.replication.replicating
     assert targets(r.take(), DelJob) == sent
     r.advance(5000)
     assert r.take() == [] and not client.added and not client.errors
@@ -483,7 +478,7 @@ def test_an_addjob_client_that_goes_away_after_its_reply_changes_nothing() -> No
     r = Rig()
     job, client = r.add_sync(replicate=2)
     (t1,) = targets(r.take(), ReplJob)
-    r.node.on_gotjob(t1, GotJob(hdr(t1), job.id))
+    r.node.on_message(t1, GotJob(hdr(t1), job.id))
     client.cancel()  # the connection closes after the reply: no crash, the job stays
     assert r.node.lookup_job(job.id) is job and job.state == QUEUED
     assert r.take() == []
@@ -493,7 +488,7 @@ def test_async_addjob_queues_at_once_and_replicates_with_noreply() -> None:
     r = Rig(peers=(A, B, C))
     job = r.add(replicate=3, async_=True)
     assert job.state == QUEUED and r.qlen() == 1
-    assert job.id not in r.node.replicating
+    assert job.id not in r.node.replication.replicating
     out = r.take()
     assert len(targets(out, ReplJob)) == 2
     assert all(msg.noreply for _, msg in out)
@@ -583,7 +578,7 @@ def test_a_link_drop_gives_the_replications_waiting_on_that_node_another_one_at_
     assert on_a and len(on_a) < len(waiting)
     for job, _client in on_a[::2]:  # the other target (B or C) confirmed half of them
         other = next(n for n in job.delivered if n not in (ME, A))
-        r.node.on_gotjob(other, GotJob(hdr(other), job.id))
+        r.node.on_message(other, GotJob(hdr(other), job.id))
     before = {job.id: job.delivered for job, _ in waiting}
     r.drop_link(A)  # A was killed: no timer runs, the event alone re-targets
     out = r.take()
@@ -600,10 +595,10 @@ def test_a_link_drop_gives_the_replications_waiting_on_that_node_another_one_at_
         assert all(set(msg.job.delivered) == set(job.delivered) for msg in sent.values())
         assert all(msg.noreply == (n in job.confirmed) for n, msg in sent.items())
         assert any(msg.noreply for msg in sent.values()) == (len(job.confirmed) == 2)
-        r.node.on_gotjob(new, GotJob(hdr(new), job.id))
+        r.node.on_message(new, GotJob(hdr(new), job.id))
         confirmers = [n for n in job.delivered if n not in (ME, A, new)]
         for n in confirmers:
-            r.node.on_gotjob(n, GotJob(hdr(n), job.id))
+            r.node.on_message(n, GotJob(hdr(n), job.id))
         assert client.added == [job.id] and job.state == QUEUED
 
 
@@ -611,7 +606,7 @@ def test_a_link_drop_of_a_node_that_confirmed_changes_nothing() -> None:
     r = Rig(peers=(A, B, C, D))
     job, client = r.add_sync(replicate=3, timeout=10_000)
     t1, t2 = targets(r.take(), ReplJob)
-    r.node.on_gotjob(t1, GotJob(hdr(t1), job.id))
+    r.node.on_message(t1, GotJob(hdr(t1), job.id))
     before = job.delivered
     r.drop_link(t1)  # its copy is confirmed: nothing to replace
     assert job.delivered == before and r.take() == []
@@ -626,7 +621,7 @@ def test_a_link_drop_with_no_other_linked_node_waits_and_times_out_with_norepl()
     assert job.delivered == (ME, A) and r.take() == []
     r.advance(1000 + RES)
     assert [(e.prefix, e.message) for e in client.errors] == [("NOREPL", NOREPL_TIMEOUT)]
-    assert r.node.lookup_job(job.id) is None and not r.node.replicating
+    assert r.node.lookup_job(job.id) is None and not r.node.replication.replicating
 
 
 def test_with_fewer_linked_nodes_than_needed_a_link_coming_up_completes_the_job() -> None:
@@ -641,12 +636,12 @@ def test_with_fewer_linked_nodes_than_needed_a_link_coming_up_completes_the_job(
     ((to, msg),) = r.take()
     assert to == B and type(msg) is ReplJob and not msg.noreply
     assert job.delivered == (ME, B) and msg.job.delivered == (ME, B)
-    r.node.on_gotjob(B, GotJob(hdr(B), job.id))
+    r.node.on_message(B, GotJob(hdr(B), job.id))
     r.now += 150  # (A's reconnect backoff)
     r.link(A)
     by_node = {n: m for n, m in of(r.take(), ReplJob)}
     assert set(by_node) == {A, B} and by_node[B].noreply and not by_node[A].noreply
-    r.node.on_gotjob(A, GotJob(hdr(A), job.id))
+    r.node.on_message(A, GotJob(hdr(A), job.id))
     assert client.added == [job.id] and job.state == QUEUED
 
 
@@ -698,7 +693,7 @@ def test_at_most_once_jobs_refuse_replicate_above_one() -> None:
 def test_enqueue_with_delay_zero_queues_at_once_even_an_at_most_once_job() -> None:
     r = Rig()
     job = r.replica(retry=0)
-    r.node.on_enqueue(A, EnqueueJob(hdr(A), job.id, 0))
+    r.node.on_message(A, EnqueueJob(hdr(A), job.id, 0))
     assert job.state == QUEUED and r.qlen() == 1
     assert r.take() == []  # silent: the first queueing of the job anywhere
 
@@ -706,7 +701,7 @@ def test_enqueue_with_delay_zero_queues_at_once_even_an_at_most_once_job() -> No
 def test_enqueue_with_a_delay_schedules_the_queueing() -> None:
     r = Rig()
     job = r.replica(retry=0)
-    r.node.on_enqueue(A, EnqueueJob(hdr(A), job.id, 5))
+    r.node.on_message(A, EnqueueJob(hdr(A), job.id, 5))
     assert job.state == ACTIVE and job.qtime == T0 + 5000
     r.advance(4990)
     assert job.state == ACTIVE
@@ -719,9 +714,9 @@ def test_enqueue_is_ignored_for_a_queue_paused_in_input_and_for_unknown_jobs() -
     job = r.replica()
     qtime = job.qtime
     r.node.pause(b"q", PAUSE_IN)
-    r.node.on_enqueue(A, EnqueueJob(hdr(A), job.id, 0))
+    r.node.on_message(A, EnqueueJob(hdr(A), job.id, 0))
     assert job.state == ACTIVE and job.qtime == qtime and r.qlen() == 0
-    r.node.on_enqueue(A, EnqueueJob(hdr(A), r.ids.new_id(60, 1), 0))
+    r.node.on_message(A, EnqueueJob(hdr(A), r.ids.new_id(60, 1), 0))
     assert r.take() == []
 
 
@@ -750,7 +745,7 @@ def test_a_requeue_by_timer_of_a_job_queued_before_counts_a_delivery() -> None:
     r = Rig()
     job, client = r.add_sync(replicate=2, retry=5)
     (t1,) = targets(r.take(), ReplJob)
-    r.node.on_gotjob(t1, GotJob(hdr(t1), job.id))
+    r.node.on_message(t1, GotJob(hdr(t1), job.id))
     assert job.deliveries == 0  # the creator's first queueing is silent
     (got,) = r.node.get_jobs([b"q"], 1)
     assert got is job and job.state == ACTIVE
@@ -766,7 +761,7 @@ def test_a_job_handed_to_a_consumer_announces_willqueue_500_ms_before_its_requeu
     r = Rig()
     job, client = r.add_sync(replicate=2, retry=5)
     (t1,) = targets(r.take(), ReplJob)
-    r.node.on_gotjob(t1, GotJob(hdr(t1), job.id))
+    r.node.on_message(t1, GotJob(hdr(t1), job.id))
     r.node.get_jobs([b"q"], 1)
     qtime = job.qtime
     r.advance(qtime - 500 - r.now + RES)
@@ -794,7 +789,7 @@ def test_a_due_requeue_into_a_queue_paused_in_input_is_postponed() -> None:
 def test_willqueue_from_a_node_when_queued_here_broadcasts_queued() -> None:
     r = Rig(peers=(A, B, C))
     job = r.queued_replica(delivered=(A, ME))
-    r.node.on_willqueue(B, WillQueue(hdr(B), job.id))
+    r.node.on_message(B, WillQueue(hdr(B), job.id))
     assert B in job.delivered  # the sender may have it
     out = r.take()
     assert targets(out, Queued) == [A, B]
@@ -804,9 +799,9 @@ def test_willqueue_from_a_node_when_queued_here_broadcasts_queued() -> None:
 def test_willqueue_for_an_active_job_only_records_the_sender() -> None:
     r = Rig(peers=(A, B, C))
     job = r.replica(delivered=(A, ME))
-    r.node.on_willqueue(C, WillQueue(hdr(C), job.id))
+    r.node.on_message(C, WillQueue(hdr(C), job.id))
     assert C in job.delivered and r.take() == []
-    r.node.on_willqueue(C, WillQueue(hdr(C), r.ids.new_id(60, 1)))  # unknown: nothing
+    r.node.on_message(C, WillQueue(hdr(C), r.ids.new_id(60, 1)))  # unknown: nothing
     assert r.take() == []
 
 
@@ -814,7 +809,7 @@ def test_willqueue_for_an_acked_job_answers_setack_to_the_sender() -> None:
     r = Rig(peers=(A, B, C))
     job = r.replica(delivered=(A, B, ME))
     r.node.ack_job(job)
-    r.node.on_willqueue(B, WillQueue(hdr(B), job.id))
+    r.node.on_message(B, WillQueue(hdr(B), job.id))
     ((to, msg),) = r.take()
     assert to == B and type(msg) is SetAck and msg.aux == 3
 
@@ -832,12 +827,12 @@ def test_queued_tie_break_dequeues_the_duplicate_on_the_loser_only() -> None:
     rigs = {}
     for me, other in ((winner, loser), (loser, winner)):
         r = Rig(peers=(A, other), myself=me)
-        r.node.on_repljob(A, ReplJob(hdr(A), rec._replace(delivered=(A, winner, loser)), True))
+        r.node.on_message(A, ReplJob(hdr(A), rec._replace(delivered=(A, winner, loser)), True))
         job = r.node.lookup_job(rec.id)
         assert job is not None
-        r.node.on_enqueue(A, EnqueueJob(hdr(A), job.id, 0))
+        r.node.on_message(A, EnqueueJob(hdr(A), job.id, 0))
         assert job.state == QUEUED
-        r.node.on_queued(other, Queued(hdr(other), job.id, QUEUED_INCR_DELIV))
+        r.node.on_message(other, Queued(hdr(other), job.id, QUEUED_INCR_DELIV))
         rigs[me] = (r, job)
     r, job = rigs[winner]
     assert job.state == QUEUED and r.qlen() == 1
@@ -849,7 +844,7 @@ def test_queued_pushes_the_requeue_time_by_retry() -> None:
     r = Rig()
     job = r.replica(retry=30)
     r.now += 20_000
-    r.node.on_queued(B, Queued(hdr(B), job.id, 0))
+    r.node.on_message(B, Queued(hdr(B), job.id, 0))
     assert job.state == ACTIVE and near(job.qtime, r.now + 30_000)
     r.advance(29_000 - 500 - 250 - 1)
     assert r.take() == []  # no WILLQUEUE for the old requeue time
@@ -858,7 +853,7 @@ def test_queued_pushes_the_requeue_time_by_retry() -> None:
 def test_queued_does_not_make_an_at_most_once_job_requeueable() -> None:
     r = Rig()
     job = r.replica(retry=0)
-    r.node.on_queued(B, Queued(hdr(B), job.id, 0))
+    r.node.on_message(B, Queued(hdr(B), job.id, 0))
     assert job.qtime == 0
 
 
@@ -868,7 +863,7 @@ def test_queued_bumps_the_counter_its_flag_names(flags: int, nacks: int,
                                                 deliveries: int) -> None:
     r = Rig()
     job = r.replica()
-    r.node.on_queued(B, Queued(hdr(B), job.id, flags))
+    r.node.on_message(B, Queued(hdr(B), job.id, flags))
     assert (job.nacks, job.deliveries) == (nacks, deliveries)
 
 
@@ -876,7 +871,7 @@ def test_queued_for_an_acked_job_answers_setack() -> None:
     r = Rig()
     job = r.replica(delivered=(A, B, ME))
     r.node.ack_job(job)
-    r.node.on_queued(B, Queued(hdr(B), job.id, QUEUED_INCR_DELIV))
+    r.node.on_message(B, Queued(hdr(B), job.id, QUEUED_INCR_DELIV))
     ((to, msg),) = r.take()
     assert to == B and type(msg) is SetAck and msg.aux == 3
     assert job.deliveries == 0 and job.state == ACKED
@@ -884,7 +879,7 @@ def test_queued_for_an_acked_job_answers_setack() -> None:
 
 def test_queued_for_an_unknown_job_is_ignored() -> None:
     r = Rig()
-    r.node.on_queued(B, Queued(hdr(B), r.ids.new_id(60, 1), 0))
+    r.node.on_message(B, Queued(hdr(B), r.ids.new_id(60, 1), 0))
     assert r.take() == [] and len(r.node.jobs) == 0
 
 
@@ -903,7 +898,7 @@ def test_on_working_always_dequeues_postpones_and_counts_nothing() -> None:
     r = Rig()
     job = r.queued_replica(retry=20)
     r.now += 5000
-    r.node.on_working(B, WorkingJob(hdr(B), job.id))
+    r.node.on_message(B, WorkingJob(hdr(B), job.id))
     assert job.state == ACTIVE and r.qlen() == 0
     assert near(job.qtime, r.now + 20_000)
     assert (job.nacks, job.deliveries) == (0, 0) and r.take() == []
@@ -913,7 +908,7 @@ def test_on_working_leaves_an_acked_job_alone() -> None:
     r = Rig()
     job = r.replica()
     r.node.ack_job(job)
-    r.node.on_working(B, WorkingJob(hdr(B), job.id))
+    r.node.on_message(B, WorkingJob(hdr(B), job.id))
     assert job.state == ACKED and r.take() == []
 
 
@@ -945,7 +940,7 @@ def test_nack_delay_postpones_here_and_tells_the_holders_the_delay() -> None:
 def test_on_working_with_a_delay_counts_a_nack_and_waits_delay_plus_retry() -> None:
     r = Rig()
     job = r.queued_replica(retry=20)
-    r.node.on_working(B, WorkingJob(hdr(B), job.id, 30))
+    r.node.on_message(B, WorkingJob(hdr(B), job.id, 30))
     assert job.state == ACTIVE and job.nacks == 1 and job.deliveries == 0
     assert near(job.qtime, r.now + 50_000)
 
@@ -1022,7 +1017,7 @@ def test_gc_is_retried_with_a_doubling_backoff_capped_at_180_s_and_jitter() -> N
 def test_setack_for_an_unknown_job_answers_gotack_not_known() -> None:
     r = Rig()
     jid = r.ids.new_id(3600, 10)
-    r.node.on_setack(A, SetAck(hdr(A), jid, 2))
+    r.node.on_message(A, SetAck(hdr(A), jid, 2))
     assert [(n, type(m), m.aux) for n, m in r.take()] == [(A, GotAck, 0)]
     assert r.node.lookup_job(jid) is None  # no dummy from a SETACK
 
@@ -1030,7 +1025,7 @@ def test_setack_for_an_unknown_job_answers_gotack_not_known() -> None:
 def test_setack_when_the_sender_knows_as_many_holders_acks_and_answers_gotack() -> None:
     r = Rig(peers=(A, B))
     job = r.queued_replica(delivered=(A, B, ME))
-    r.node.on_setack(A, SetAck(hdr(A), job.id, 3))
+    r.node.on_message(A, SetAck(hdr(A), job.id, 3))
     assert job.state == ACKED and r.qlen() == 0
     assert [(n, type(m), m.aux) for n, m in r.take()] == [(A, GotAck, 1)]
 
@@ -1041,7 +1036,7 @@ def test_a_job_acked_by_setack_gets_its_own_gc_timer() -> None:
     a broken link) must still collect the job, not keep it until its TTL."""
     r = Rig(peers=(A, B))
     job = r.queued_replica(delivered=(A, B, ME), ttl=86400)
-    r.node.on_setack(A, SetAck(hdr(A), job.id, 3))
+    r.node.on_message(A, SetAck(hdr(A), job.id, 3))
     r.take()
     r.advance(5 * 60_000)
     assert set(targets(r.take(), SetAck)) == {A, B}
@@ -1050,7 +1045,7 @@ def test_a_job_acked_by_setack_gets_its_own_gc_timer() -> None:
 def test_setack_from_a_node_knowing_fewer_holders_starts_our_gc_without_gotack() -> None:
     r = Rig(peers=(A, B, C))
     job = r.queued_replica(delivered=(A, B, C, ME))
-    r.node.on_setack(A, SetAck(hdr(A), job.id, 2))
+    r.node.on_message(A, SetAck(hdr(A), job.id, 2))
     out = r.take()
     assert job.state == ACKED
     assert of(out, GotAck) == []
@@ -1060,7 +1055,7 @@ def test_setack_from_a_node_knowing_fewer_holders_starts_our_gc_without_gotack()
 def test_setack_zero_from_a_dummy_ack_answers_gotack_known_and_starts_gc() -> None:
     r = Rig(peers=(A, B))
     job = r.queued_replica(delivered=(A, ME))
-    r.node.on_setack(B, SetAck(hdr(B), job.id, 0))
+    r.node.on_message(B, SetAck(hdr(B), job.id, 0))
     out = r.take()
     assert [(n, m.aux) for n, m in of(out, GotAck)] == [(B, 1)]
     assert [(n, m.aux) for n, m in of(out, SetAck)] == [(A, 2)]
@@ -1071,7 +1066,7 @@ def test_setack_for_a_job_waiting_for_replication_finishes_the_replication_first
     r = Rig(peers=(A, B))
     job, client = r.add_sync(replicate=3)
     r.take()
-    r.node.on_setack(A, SetAck(hdr(A), job.id, 3))
+    r.node.on_message(A, SetAck(hdr(A), job.id, 3))
     assert client.added == [job.id] and not client.errors
     assert job.state == ACKED and r.qlen() == 0
 
@@ -1085,9 +1080,9 @@ def test_setack_for_an_external_job_waiting_without_any_confirmation_does_not_cr
     job, client = r.add_sync(replicate=2)
     r.take()
     assert job.confirmed == ()  # external: no GOTJOB yet
-    r.node.on_setack(A, SetAck(hdr(A), job.id, 0))
+    r.node.on_message(A, SetAck(hdr(A), job.id, 0))
     assert client.added == [job.id] and not client.errors
-    assert r.node.lookup_job(job.id) is None and job.id not in r.node.replicating
+    assert r.node.lookup_job(job.id) is None and job.id not in r.node.replication.replicating
     assert of(r.take(), EnqueueJob) == []
 
 
@@ -1096,11 +1091,11 @@ def test_gotack_collects_confirmations_then_deljob_to_every_holder() -> None:
     job = r.queued_replica(delivered=(A, B, ME))
     r.node.ackjob([job.id])
     r.take()
-    r.node.on_gotack(A, GotAck(hdr(A), job.id, 1))
+    r.node.on_message(A, GotAck(hdr(A), job.id, 1))
     assert r.node.lookup_job(job.id) is job and r.take() == []
-    r.node.on_gotack(C, GotAck(hdr(C), job.id, 0))  # not a holder, did not know: no vote
+    r.node.on_message(C, GotAck(hdr(C), job.id, 0))  # not a holder, did not know: no vote
     assert r.node.lookup_job(job.id) is job and r.take() == []
-    r.node.on_gotack(B, GotAck(hdr(B), job.id, 0))  # a holder that forgot it: confirmed
+    r.node.on_message(B, GotAck(hdr(B), job.id, 0))  # a holder that forgot it: confirmed
     assert r.node.lookup_job(job.id) is None
     assert targets(r.take(), DelJob) == [A, B]
 
@@ -1110,16 +1105,16 @@ def test_gotack_known_from_a_new_node_adds_it_to_the_holders() -> None:
     job = r.queued_replica(delivered=(A, ME))
     r.node.ackjob([job.id])
     r.take()
-    r.node.on_gotack(C, GotAck(hdr(C), job.id, 1))
+    r.node.on_message(C, GotAck(hdr(C), job.id, 1))
     assert C in job.delivered and C in job.confirmed
-    r.node.on_gotack(A, GotAck(hdr(A), job.id, 1))
+    r.node.on_message(A, GotAck(hdr(A), job.id, 1))
     assert r.node.lookup_job(job.id) is None
     assert targets(r.take(), DelJob) == [A, C]
 
 
 def test_gotack_for_an_unknown_job_is_ignored() -> None:
     r = Rig()
-    r.node.on_gotack(A, GotAck(hdr(A), r.ids.new_id(60, 1), 1))
+    r.node.on_message(A, GotAck(hdr(A), r.ids.new_id(60, 1), 1))
     assert r.take() == [] and len(r.node.jobs) == 0
 
 
@@ -1145,7 +1140,7 @@ def test_a_dummy_ack_is_dropped_when_a_node_knowing_the_job_answers() -> None:
     r = Rig(peers=(A, B))
     jid, _ = dummy(r)
     r.take()
-    r.node.on_gotack(A, GotAck(hdr(A), jid, 1))
+    r.node.on_message(A, GotAck(hdr(A), jid, 1))
     assert r.node.lookup_job(jid) is None and r.take() == []
 
 
@@ -1153,11 +1148,11 @@ def test_a_dummy_ack_is_dropped_when_every_node_of_the_cluster_says_unknown() ->
     r = Rig(peers=(A, B))
     jid, _ = dummy(r)
     r.take()
-    r.node.on_gotack(A, GotAck(hdr(A), jid, 0))
+    r.node.on_message(A, GotAck(hdr(A), jid, 0))
     assert r.node.lookup_job(jid) is not None
-    r.node.on_gotack(A, GotAck(hdr(A), jid, 0))  # the same node twice is one answer
+    r.node.on_message(A, GotAck(hdr(A), jid, 0))  # the same node twice is one answer
     assert r.node.lookup_job(jid) is not None
-    r.node.on_gotack(B, GotAck(hdr(B), jid, 0))
+    r.node.on_message(B, GotAck(hdr(B), jid, 0))
     assert r.node.lookup_job(jid) is None and r.take() == []
 
 
@@ -1211,10 +1206,10 @@ def test_deljob_deletes_the_local_copy_in_any_state(state: str) -> None:
     job = r.queued_replica() if state == "queued" else r.replica()
     if state == "acked":
         r.node.ack_job(job)
-    r.node.on_deljob(A, DelJob(hdr(A), job.id))
+    r.node.on_message(A, DelJob(hdr(A), job.id))
     assert r.node.lookup_job(job.id) is None and r.qlen() == 0
     assert r.take() == []
-    r.node.on_deljob(A, DelJob(hdr(A), job.id))  # unknown: nothing
+    r.node.on_message(A, DelJob(hdr(A), job.id))  # unknown: nothing
 
 
 # ---------------------------------------------------------------------------- NEEDJOBS
@@ -1300,7 +1295,7 @@ def test_adhoc_needjobs_asks_for_the_import_rate_per_source_within_5_to_100(
 
 def test_a_queue_reaching_zero_asks_its_sources_at_once() -> None:
     r = Rig(peers=(A, B))
-    r.node.on_yourjobs(A, YourJobs(hdr(A), [r.record(), r.record()]))
+    r.node.on_message(A, YourJobs(hdr(A), [r.record(), r.record()]))
     q = r.node.lookup_queue(b"q")
     assert q is not None and len(q.jobs) == 2
     q.needjobs_bcast_time = r.now  # no broadcast due
@@ -1353,7 +1348,7 @@ def test_needjobs_is_ignored_for_a_queue_paused_in_output() -> None:
     r = Rig(peers=(A, B))
     r.queued_replica()
     r.node.pause(b"q", PAUSE_OUT)
-    r.node.on_needjobs(B, NeedJobs(hdr(B), b"q", 5))
+    r.node.on_message(B, NeedJobs(hdr(B), b"q", 5))
     assert r.take() == [] and r.qlen() == 1
     r.node.pause(b"q", 0)
     assert r.take() == [] and r.qlen() == 1  # and not remembered either
@@ -1364,15 +1359,15 @@ def test_needjobs_finding_nothing_is_remembered_briefly_for_jobs_queued_meanwhil
     after its backoff): a NEEDJOBS for an empty or unknown queue is kept NEEDER_HOLD_MS, and
     a job queued here meanwhile goes straight to the asker."""
     r = Rig(peers=(A, B))
-    r.node.on_needjobs(B, NeedJobs(hdr(B), b"q", 5))
+    r.node.on_message(B, NeedJobs(hdr(B), b"q", 5))
     assert r.take() == []
     r.now += NEEDER_HOLD_MS - 1
     job = r.replica()
-    r.node.on_enqueue(A, EnqueueJob(hdr(A), job.id, 0))
+    r.node.on_message(A, EnqueueJob(hdr(A), job.id, 0))
     ((to, msg),) = r.take()
     assert to == B and type(msg) is YourJobs and [x.id for x in msg.jobs] == [job.id]
     assert job.state == ACTIVE and r.qlen() == 0 and B in job.delivered
-    r.node.on_needjobs(B, NeedJobs(hdr(B), b"q", 5))
+    r.node.on_message(B, NeedJobs(hdr(B), b"q", 5))
     r.now += NEEDER_HOLD_MS + 1
     r.queued_replica()  # too late: it stays here
     assert r.take() == [] and r.qlen() == 1
@@ -1381,7 +1376,7 @@ def test_needjobs_finding_nothing_is_remembered_briefly_for_jobs_queued_meanwhil
 def test_a_job_added_while_a_needjobs_is_remembered_goes_to_the_asker() -> None:
     r = Rig(peers=(A, B))
     r.node.create_queue(b"q")
-    r.node.on_needjobs(B, NeedJobs(hdr(B), b"q", 1))
+    r.node.on_message(B, NeedJobs(hdr(B), b"q", 1))
     job = r.add(replicate=1)
     ((to, msg),) = r.take()
     assert to == B and [x.id for x in msg.jobs] == [job.id]
@@ -1392,9 +1387,9 @@ def test_a_job_added_while_a_needjobs_is_remembered_goes_to_the_asker() -> None:
 
 def test_needjobs_is_ignored_while_we_import_the_queue_ourselves() -> None:
     r = Rig(peers=(A, B))
-    r.node.on_yourjobs(A, YourJobs(hdr(A), [r.record() for _ in range(4)]))
+    r.node.on_message(A, YourJobs(hdr(A), [r.record() for _ in range(4)]))
     assert r.node.lookup_queue(b"q").import_rate > 0
-    r.node.on_needjobs(B, NeedJobs(hdr(B), b"q", 1))
+    r.node.on_message(B, NeedJobs(hdr(B), b"q", 1))
     assert r.take() == [] and r.qlen() == 4
 
 
@@ -1406,7 +1401,7 @@ def test_needjobs_gets_count_or_half_the_queue_at_least_one(qlen: int, count: in
     jobs = [r.queued_replica() for _ in range(qlen)]
     q = r.node.lookup_queue(b"q")
     out_before = q.jobs_out
-    r.node.on_needjobs(B, NeedJobs(hdr(B), b"q", count))
+    r.node.on_message(B, NeedJobs(hdr(B), b"q", count))
     ((to, msg),) = r.take()
     assert to == B and type(msg) is YourJobs and len(msg.jobs) == given
     moved = [j for j in jobs if j.state != QUEUED]
@@ -1421,7 +1416,7 @@ def test_needjobs_gets_count_or_half_the_queue_at_least_one(qlen: int, count: in
 def test_needjobs_moves_at_most_once_jobs_away_for_good() -> None:
     r = Rig(peers=(A, B))
     job = r.queued_replica(retry=0)
-    r.node.on_needjobs(B, NeedJobs(hdr(B), b"q", 1))
+    r.node.on_message(B, NeedJobs(hdr(B), b"q", 1))
     ((to, msg),) = r.take()
     assert [rec.id for rec in msg.jobs] == [job.id]
     assert r.node.lookup_job(job.id) is None and r.qlen() == 0
@@ -1431,7 +1426,7 @@ def test_needjobs_moves_at_most_once_jobs_away_for_good() -> None:
 def test_yourjobs_queues_the_jobs_and_records_the_source() -> None:
     r = Rig(peers=(A, B))
     recs = [r.record(delivered=(A, B)) for _ in range(3)]
-    r.node.on_yourjobs(A, YourJobs(hdr(A), recs))
+    r.node.on_message(A, YourJobs(hdr(A), recs))
     q = r.node.lookup_queue(b"q")
     assert q is not None and len(q.jobs) == 3
     for rec in recs:
@@ -1446,7 +1441,7 @@ def test_yourjobs_queues_at_most_once_jobs_too() -> None:
     """Seed bug: "At-most-once jobs are lost in cluster exchange" (disque-issues.txt)."""
     r = Rig(peers=(A, B))
     rec = r.record(retry=0, delivered=(A,))
-    r.node.on_yourjobs(A, YourJobs(hdr(A), [rec]))
+    r.node.on_message(A, YourJobs(hdr(A), [rec]))
     job = r.node.lookup_job(rec.id)
     assert job is not None and job.state == QUEUED and r.qlen() == 1
     (got,) = r.node.get_jobs([b"q"], 1)
@@ -1460,7 +1455,7 @@ def test_yourjobs_serves_a_blocked_consumer() -> None:
     client = GetClient([b"q"])
     r.node.block(client, 0)
     rec = r.record()
-    r.node.on_yourjobs(A, YourJobs(hdr(A), [rec]))
+    r.node.on_message(A, YourJobs(hdr(A), [rec]))
     assert [j.id for j in client.jobs] == [rec.id]
 
 
@@ -1469,7 +1464,7 @@ def test_yourjobs_of_a_job_acked_here_answers_setack_instead_of_queueing() -> No
     job = r.replica(delivered=(A, ME))
     r.node.ack_job(job)
     r.take()
-    r.node.on_yourjobs(A, YourJobs(hdr(A), [r.record(job_id=job.id)]))
+    r.node.on_message(A, YourJobs(hdr(A), [r.record(job_id=job.id)]))
     assert job.state == ACKED and r.qlen() == 0
     assert [(n, type(m)) for n, m in r.take()] == [(A, SetAck)]
 
@@ -1477,7 +1472,7 @@ def test_yourjobs_of_a_job_acked_here_answers_setack_instead_of_queueing() -> No
 def test_yourjobs_of_a_job_held_here_active_queues_our_copy() -> None:
     r = Rig(peers=(A, B))
     job = r.replica(delivered=(A, ME))
-    r.node.on_yourjobs(A, YourJobs(hdr(A), [r.record(job_id=job.id)]))
+    r.node.on_message(A, YourJobs(hdr(A), [r.record(job_id=job.id)]))
     assert job.state == QUEUED and r.qlen() == 1 and len(r.node.jobs) == 1
 
 
@@ -1492,7 +1487,7 @@ def test_yourjobs_of_a_job_held_here_keeps_the_senders_delivery_counters() -> No
     job = r.replica(delivered=(A, ME))
     job.nacks = 1  # counted here earlier
     rec = r.record(job_id=job.id, delivered=(A, ME, B))._replace(nacks=0, deliveries=2)
-    r.node.on_yourjobs(A, YourJobs(hdr(A), [rec]))
+    r.node.on_message(A, YourJobs(hdr(A), [rec]))
     assert job.state == QUEUED
     assert (job.nacks, job.deliveries) == (1, 2)
     assert set(job.delivered) == {A, ME, B}
@@ -1510,7 +1505,7 @@ def test_yourjobs_logs_a_job_new_here_to_the_aof() -> None:
     held = r.replica(delivered=(A, ME))
     logged.clear()
     new = r.record(delivered=(A,))
-    r.node.on_yourjobs(A, YourJobs(hdr(A), [new, r.record(job_id=held.id)]))
+    r.node.on_message(A, YourJobs(hdr(A), [new, r.record(job_id=held.id)]))
     assert logged == [new.id]  # the copy held here was logged when it arrived
 
 
@@ -1519,22 +1514,22 @@ def test_a_new_source_resets_the_broadcast_backoff() -> None:
     q = r.node.create_queue(b"q")
     q.needjobs_bcast_attempt = 4
     q.needjobs_adhoc_attempt = 6
-    r.node.on_yourjobs(A, YourJobs(hdr(A), [r.record()]))
+    r.node.on_message(A, YourJobs(hdr(A), [r.record()]))
     assert (q.needjobs_bcast_attempt, q.needjobs_adhoc_attempt) == (0, 0)
     q.needjobs_bcast_attempt = 4
     q.needjobs_adhoc_attempt = 6
-    r.node.on_yourjobs(A, YourJobs(hdr(A), [r.record()]))  # A again: not new
+    r.node.on_message(A, YourJobs(hdr(A), [r.record()]))  # A again: not new
     assert q.needjobs_bcast_attempt == 4 and q.needjobs_adhoc_attempt == 0
 
 
 def test_the_import_rate_rises_with_imports_and_decays_to_zero() -> None:
     r = Rig(peers=(A, B))
-    r.node.on_yourjobs(A, YourJobs(hdr(A), [r.record() for _ in range(10)]))
+    r.node.on_message(A, YourJobs(hdr(A), [r.record() for _ in range(10)]))
     q = r.node.lookup_queue(b"q")
     assert q.import_rate > 0
-    assert q in r.node.importing
+    assert q in r.node.federation.importing
     r.advance(10_000)  # cluster_cron every 100 ms
-    assert q.import_rate == 0 and q not in r.node.importing
+    assert q.import_rate == 0 and q not in r.node.federation.importing
 
 
 # ---------------------------------------------------------------------------- PAUSE, LEAVING
@@ -1549,12 +1544,12 @@ def test_pause_bcast_sends_the_resulting_state_to_every_reachable_node() -> None
 
 def test_on_pause_applies_the_state_creating_the_queue() -> None:
     r = Rig()
-    r.node.on_pause(A, PauseQueue(hdr(A), b"q", PAUSE_IN))
+    r.node.on_message(A, PauseQueue(hdr(A), b"q", PAUSE_IN))
     q = r.node.lookup_queue(b"q")
     assert q is not None and q.paused == PAUSE_IN
-    r.node.on_pause(A, PauseQueue(hdr(A), b"q", 0))
+    r.node.on_message(A, PauseQueue(hdr(A), b"q", 0))
     assert q.paused == 0
-    r.node.on_pause(A, PauseQueue(hdr(A), b"other", 0))
+    r.node.on_message(A, PauseQueue(hdr(A), b"other", 0))
     assert r.node.lookup_queue(b"other") is None
 
 
@@ -1577,7 +1572,7 @@ def test_a_leaving_node_still_gives_its_jobs_away() -> None:
     r = Rig(peers=(A, B))
     job = r.queued_replica()
     r.node.set_leaving(True)
-    r.node.on_needjobs(B, NeedJobs(hdr(B), b"q", 1))
+    r.node.on_message(B, NeedJobs(hdr(B), b"q", 1))
     ((to, msg),) = r.take()
     assert to == B and [x.id for x in msg.jobs] == [job.id]
 
@@ -1606,7 +1601,7 @@ def test_the_tie_break_winner_depends_on_the_job() -> None:
 def test_an_unanswered_needjobs_is_forgotten_after_the_hold_time() -> None:
     r = Rig(peers=(A, B))
     for i in range(100):
-        r.node.on_needjobs(A, NeedJobs(r.m.header, b"reply-%d" % i, 5))
+        r.node.on_message(A, NeedJobs(r.m.header, b"reply-%d" % i, 5))
     assert len(r.node.needers) == 100
     r.advance(NEEDER_HOLD_MS + 60_000)  # a minute after every entry's `until`
     assert len(r.node.needers) == 0, f"{len(r.node.needers)} stale NEEDJOBS entries kept"
@@ -1650,7 +1645,7 @@ def test_a_queue_reaching_zero_does_not_ask_when_not_importing() -> None:
     return;`). disque-py sends the ad hoc NEEDJOBS on reached-zero whenever a responder is
     still remembered (5 s), even after the import rate dropped to 0."""
     r = Rig()
-    r.node.on_yourjobs(A, YourJobs(hdr(A), [r.record(), r.record()]))
+    r.node.on_message(A, YourJobs(hdr(A), [r.record(), r.record()]))
     q = r.node.lookup_queue(b"q")
     r.advance(3000)  # responder still valid (<5 s); import rate (as disque-py computes it) 0
     r.take()
@@ -1669,12 +1664,12 @@ def test_the_import_rate_stays_above_zero_for_the_5_s_window() -> None:
     samples younger than 2 s, so the rate is 0 from 2 s after the last import: QSTAT
     import-rate, QSCAN IMPORTRATE and the "we import it ourselves" NEEDJOBS rule see 0."""
     r = Rig()
-    r.node.on_yourjobs(A, YourJobs(hdr(A), [r.record() for _ in range(10)]))
+    r.node.on_message(A, YourJobs(hdr(A), [r.record() for _ in range(10)]))
     q = r.node.lookup_queue(b"q")
     r.advance(3000)  # cluster_cron refreshed the rate every 100 ms
     assert q.import_rate > 0
     r.take()
-    r.node.on_needjobs(B, NeedJobs(hdr(B), b"q", 1))  # still importing: ignored
+    r.node.on_message(B, NeedJobs(hdr(B), b"q", 1))  # still importing: ignored
     assert r.take() == [] and len(q.jobs) == 10
     r.advance(2500)  # 5.5 s after the import: now it is 0
     assert q.import_rate == 0
@@ -1711,7 +1706,7 @@ def test_external_copy_of_an_at_most_once_job_is_not_queued_again_after_a_restar
     r.node.persist = SimpleNamespace(loadjob=log, addjob=log, deljob=lambda job_id: None,
                                      last_write_error=None)
     jid = r.replica(retry=0, ttl=600, repl=1, delivered=()).id
-    r.node.on_enqueue(A, EnqueueJob(hdr(A), jid, 0))
+    r.node.on_message(A, EnqueueJob(hdr(A), jid, 0))
     got = r.node.get_jobs([b"q"], 1)
     assert [j.id for j in got] == [jid]  # delivered once
     r.now += 5000
@@ -1727,14 +1722,14 @@ def test_no_jobs_are_given_to_a_node_our_link_to_is_down() -> None:
     leaving the jobs to wait for their RETRY on a dead node; they stay queued here."""
     r = Rig()
     r.drop_link(B)
-    r.node.on_needjobs(B, NeedJobs(hdr(B), b"q", 5))  # nothing here yet: remembered
+    r.node.on_message(B, NeedJobs(hdr(B), b"q", 5))  # nothing here yet: remembered
     r.node.add_job(b"q", b"x", 0, 1, None, None, 0, None, False)
     r.node.add_job(b"q", b"y", 0, 1, None, 0, 0, None, False)  # at-most-once
-    r.node.on_needjobs(B, NeedJobs(hdr(B), b"q", 5))  # asked again, jobs queued now
+    r.node.on_message(B, NeedJobs(hdr(B), b"q", 5))  # asked again, jobs queued now
     assert not of(r.take(), YourJobs)
     assert r.qlen() == 2
     r.link(B)
-    r.node.on_needjobs(B, NeedJobs(hdr(B), b"q", 5))
+    r.node.on_message(B, NeedJobs(hdr(B), b"q", 5))
     assert [len(m.jobs) for _, m in of(r.take(), YourJobs)] == [1]  # max(1, qlen / 2)
 
 
@@ -1745,7 +1740,7 @@ def test_a_dedup_retry_waits_for_the_same_replication_outcome() -> None:
     (t1,) = targets(r.take(), ReplJob)
     retry = AddClient()
     assert r.node.join_replication(job.id, retry)
-    r.node.on_gotjob(t1, GotJob(hdr(t1), job.id))
+    r.node.on_message(t1, GotJob(hdr(t1), job.id))
     assert first.added == [job.id] and retry.added == [job.id]
 
 
@@ -1759,7 +1754,7 @@ def test_a_dedup_retry_carries_on_when_the_first_client_goes() -> None:
     assert r.node.join_replication(job.id, retry)
     first.cancel()  # the first connection closed
     assert not of(r.take(), DelJob) and r.node.lookup_job(job.id) is job
-    r.node.on_gotjob(t1, GotJob(hdr(t1), job.id))
+    r.node.on_message(t1, GotJob(hdr(t1), job.id))
     assert retry.added == [job.id] and not first.added
 
 
@@ -1796,7 +1791,7 @@ def test_a_reloaded_copy_asks_every_holder_and_is_dropped_when_none_has_it() -> 
     assert targets(out, WillQueue) == [A, B]
     assert all(m.aux & WILLQUEUE_CONFIRM for _, m in of(out, WillQueue))
     for peer in (A, B):  # both collected it after its ACK while we were down
-        r.node.on_queued(peer, Queued(hdr(peer), job.id, QUEUED_STATE_ONLY | QUEUED_UNKNOWN))
+        r.node.on_message(peer, Queued(hdr(peer), job.id, QUEUED_STATE_ONLY | QUEUED_UNKNOWN))
     assert r.node.lookup_job(job.id) is None and r.qlen() == 0
 
 
@@ -1805,8 +1800,8 @@ def test_a_reloaded_copy_that_one_holder_knows_is_requeued_as_usual() -> None:
     job = reloaded(r)
     r.advance(job.qtime - 400 - r.now)  # the WILLQUEUE
     assert of(r.take(), WillQueue)
-    r.node.on_queued(A, Queued(hdr(A), job.id, QUEUED_STATE_ONLY | QUEUED_UNKNOWN))
-    r.node.on_queued(B, Queued(hdr(B), job.id, QUEUED_STATE_ONLY))  # "I have it"
+    r.node.on_message(A, Queued(hdr(A), job.id, QUEUED_STATE_ONLY | QUEUED_UNKNOWN))
+    r.node.on_message(B, Queued(hdr(B), job.id, QUEUED_STATE_ONLY))  # "I have it"
     r.advance(500)
     assert job.state == QUEUED and r.qlen() == 1
 
@@ -1826,18 +1821,18 @@ def test_willqueue_asking_for_an_answer_gets_collected_unknown_or_known() -> Non
     r = Rig(peers=(A, B))
     missing = r.record().id
     # never known here (or deleted by a local DELJOB): no proof of an ACK, "requeue it"
-    r.node.on_willqueue(A, WillQueue(hdr(A), missing, WILLQUEUE_CONFIRM))
+    r.node.on_message(A, WillQueue(hdr(A), missing, WILLQUEUE_CONFIRM))
     (to, msg), = r.take()
     assert to == A and msg.aux == QUEUED_STATE_ONLY
     # collected here (a DELJOB from the bus): "unknown", the reloaded copy may drop it
     collected = r.replica(delivered=(A, B, ME))
-    r.node.on_deljob(B, DelJob(hdr(B), collected.id))
+    r.node.on_message(B, DelJob(hdr(B), collected.id))
     assert r.node.lookup_job(collected.id) is None
-    r.node.on_willqueue(A, WillQueue(hdr(A), collected.id, WILLQUEUE_CONFIRM))
+    r.node.on_message(A, WillQueue(hdr(A), collected.id, WILLQUEUE_CONFIRM))
     (to, msg), = r.take()
     assert to == A and msg.aux == QUEUED_STATE_ONLY | QUEUED_UNKNOWN
     job = r.replica(delivered=(A, ME))
-    r.node.on_willqueue(A, WillQueue(hdr(A), job.id, WILLQUEUE_CONFIRM))
+    r.node.on_message(A, WillQueue(hdr(A), job.id, WILLQUEUE_CONFIRM))
     (to, msg), = r.take()
     assert to == A and msg.aux == QUEUED_STATE_ONLY and job.state == ACTIVE
 
@@ -1847,16 +1842,16 @@ def test_a_state_only_queued_never_dequeues_or_postpones_our_copy() -> None:
     job = r.queued_replica(delivered=(A, B, ME))
     qtime = job.qtime
     for peer in (A, B):
-        r.node.on_queued(peer, Queued(hdr(peer), job.id, QUEUED_STATE_ONLY))
+        r.node.on_message(peer, Queued(hdr(peer), job.id, QUEUED_STATE_ONLY))
     assert job.state == QUEUED and job.qtime == qtime
 
 
 def test_the_ids_of_collected_jobs_are_kept_up_to_a_cap_oldest_dropped_first(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import disque.node
-    monkeypatch.setattr(disque.node, "COLLECTED_MAX", 2)
+    import disque.state
+    monkeypatch.setattr(disque.state, "COLLECTED_MAX", 2)
     r = Rig(peers=(A, B))
     jobs = [r.replica(delivered=(A, ME)) for _ in range(3)]
     for job in jobs:
-        r.node.on_deljob(A, DelJob(hdr(A), job.id))
+        r.node.on_message(A, DelJob(hdr(A), job.id))
     assert list(r.node.collected) == [jobs[1].id, jobs[2].id]

@@ -76,10 +76,10 @@ class World:
     def __init__(self, tmp_path: Path) -> None:
         self.now = T0
         self.latency = LatencyMonitor(lambda: self.now, lambda: self.now * 1_000_000)
-        self.node = Node(MYID, lambda: self.now, rng=random.Random(5), latency=self.latency)
         # The real (sans-I/O) node table; its effects are drained by the bus stub below.
         self.membership = Membership(MYID, 7711, clock=lambda: self.now, rng=random.Random(6))
-        self.node.membership = self.membership
+        self.node = Node(MYID, lambda: self.now, rng=random.Random(5), latency=self.latency,
+                         membership=self.membership)
         self.shutdowns: list[bytes] = []
         self.prepared: list[bytes] = []
         self.prepare_ok = True

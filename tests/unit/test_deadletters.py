@@ -59,11 +59,11 @@ def replica(r: Rig, dl: DeadLetter, *, queued: bool = False, **kw: Any) -> Job:
     rec = r.record(**kw)._replace(dl=dl)
     if dl.dead:
         rec = rec._replace(queue=DEAD)
-    r.node.on_repljob(A, ReplJob(hdr(A), rec, False))
+    r.node.on_message(A, ReplJob(hdr(A), rec, False))
     job = r.node.lookup_job(rec.id)
     assert job is not None and job.dl == dl
     if queued:
-        r.node.on_enqueue(A, EnqueueJob(hdr(A), job.id, 0))
+        r.node.on_message(A, EnqueueJob(hdr(A), job.id, 0))
         assert job.state == QUEUED
     r.take()
     return job
@@ -218,7 +218,7 @@ def test_queued_with_a_newer_epoch_is_adopted_the_copy_kept_as_a_backup() -> Non
     r = Rig(peers=(A, B))
     job = replica(r, policy(max_nacks=2, deadttl=7200), queued=True, retry=20, ttl=600)
     r.now += 3000
-    r.node.on_queued(B, Queued(hdr(B), job.id, QUEUED_INCR_NACKS | bits(1, REASON_MAX_NACKS)))
+    r.node.on_message(B, Queued(hdr(B), job.id, QUEUED_INCR_NACKS | bits(1, REASON_MAX_NACKS)))
     # out of the source queue, renamed, active; its timer requeues it into the new queue
     assert (job.state, job.queue) == (ACTIVE, DEAD) and r.qlen(b"q") == 0
     assert (job.dl.epoch, job.dl.reason, job.dl.dead_at) == (1, REASON_MAX_NACKS, r.now)
@@ -232,7 +232,7 @@ def test_queued_with_a_newer_epoch_is_adopted_the_copy_kept_as_a_backup() -> Non
 def test_willqueue_with_a_newer_epoch_is_adopted_and_not_answered() -> None:
     r = Rig(peers=(A, B))
     job = replica(r, policy(max_deliveries=2), queued=True)
-    r.node.on_willqueue(B, WillQueue(hdr(B), job.id, bits(1, REASON_MAX_DELIVERIES)))
+    r.node.on_message(B, WillQueue(hdr(B), job.id, bits(1, REASON_MAX_DELIVERIES)))
     assert (job.state, job.queue, job.dl.epoch) == (ACTIVE, DEAD, 1)
     assert r.take() == []  # the usual QUEUED answer would tell B an older state
 
@@ -243,22 +243,22 @@ def test_a_stale_sender_is_answered_with_our_state_only_and_then_adopts_it() -> 
     job = dead_here(fresh, retry=30, delivered=(A, B, fresh.node.myself))
     # the stale holder still has the job alive in q (it missed the QUEUED), and queues it
     rec = fresh.record(job_id=job.id, retry=30, delivered=(A, B, fresh.node.myself))
-    stale.node.on_repljob(A, ReplJob(hdr(A), rec._replace(dl=dl), False))
+    stale.node.on_message(A, ReplJob(hdr(A), rec._replace(dl=dl), False))
     copy = stale.node.lookup_job(job.id)
-    stale.node.on_enqueue(A, EnqueueJob(hdr(A), job.id, 0))
+    stale.node.on_message(A, EnqueueJob(hdr(A), job.id, 0))
     stale.take()
-    fresh.node.on_queued(B, Queued(hdr(B), job.id, QUEUED_INCR_DELIV))
+    fresh.node.on_message(B, Queued(hdr(B), job.id, QUEUED_INCR_DELIV))
     # the fresh side keeps its dead copy queued, counts nothing, tells B its state
     assert (job.state, job.queue, job.deliveries) == (QUEUED, DEAD, 0)
     ((to, answer),) = fresh.take()
     assert to == B and type(answer) is Queued
     assert answer.aux == QUEUED_STATE_ONLY | bits(1, REASON_MAX_NACKS)
     # the stale side adopts it: out of q, no tie-break (STATE_ONLY: nobody queued it there)
-    stale.node.on_queued(fresh.node.myself, answer)
+    stale.node.on_message(fresh.node.myself, answer)
     assert (copy.state, copy.queue, copy.dl.epoch) == (ACTIVE, DEAD, 1)
     assert stale.qlen(b"q") == 0 and stale.qlen(DEAD) == 0 and stale.take() == []
     # a WILLQUEUE of a stale holder gets the same answer
-    fresh.node.on_willqueue(B, WillQueue(hdr(B), job.id, bits(0)))
+    fresh.node.on_message(B, WillQueue(hdr(B), job.id, bits(0)))
     assert [m.aux for _, m in fresh.take()] == [QUEUED_STATE_ONLY | bits(1, REASON_MAX_NACKS)]
 
 
@@ -268,7 +268,7 @@ def test_two_holders_dead_lettering_at_once_keep_one_queued_copy_by_the_tie_brea
     rigs: dict[bytes, tuple[Rig, Job]] = {}
     for me, other in ((winner, loser), (loser, winner)):
         r = Rig(peers=(A, other), myself=me)
-        r.node.on_repljob(A, ReplJob(hdr(A), rec._replace(delivered=(A, winner, loser),
+        r.node.on_message(A, ReplJob(hdr(A), rec._replace(delivered=(A, winner, loser),
                                                           dl=policy(max_deliveries=1)), True))
         job = r.node.lookup_job(rec.id)
         r.advance(job.qtime - r.now + RES)  # both RETRY timers end: both dead-letter it
@@ -276,7 +276,7 @@ def test_two_holders_dead_lettering_at_once_keep_one_queued_copy_by_the_tie_brea
         rigs[me] = (r, job)
     for me, other in ((winner, loser), (loser, winner)):
         r, job = rigs[me]
-        r.node.on_queued(other, Queued(hdr(other), job.id, bits(1, REASON_MAX_DELIVERIES)))
+        r.node.on_message(other, Queued(hdr(other), job.id, bits(1, REASON_MAX_DELIVERIES)))
     r, job = rigs[winner]
     assert job.state == QUEUED and r.qlen(DEAD) == 1
     r, job = rigs[loser]
@@ -306,14 +306,14 @@ def test_a_holder_telling_its_state_is_added_to_the_job_s_holders() -> None:
     our own WILLQUEUE / QUEUED must reach it too, or its duplicate never learns it lost."""
     r = Rig(peers=(A, B))
     job = dead_here(r, retry=5, delivered=(A, r.node.myself))
-    r.node.on_queued(B, Queued(hdr(B), job.id, bits(1, REASON_MAX_NACKS)))
+    r.node.on_message(B, Queued(hdr(B), job.id, bits(1, REASON_MAX_NACKS)))
     assert B in job.delivered
 
 
 def test_a_job_without_a_policy_ignores_a_state_it_cannot_adopt() -> None:
     r = Rig(peers=(A, B))
     job = r.queued_replica()
-    r.node.on_queued(B, Queued(hdr(B), job.id, bits(1, REASON_MAX_NACKS)))
+    r.node.on_message(B, Queued(hdr(B), job.id, bits(1, REASON_MAX_NACKS)))
     assert job.dl is None and job.queue == b"q" and r.take() == []
 
 
@@ -375,7 +375,7 @@ def test_redrive_ids_moves_dead_jobs_of_that_queue_only_and_resets_everywhere() 
     r2 = Rig(peers=(A, B), myself=B)
     copy = replica(r2, policy(max_nacks=1, epoch=1, reason=REASON_MAX_NACKS), queued=True)
     copy.nacks = 1
-    r2.node.on_queued(A, Queued(hdr(A), copy.id, aux))
+    r2.node.on_message(A, Queued(hdr(A), copy.id, aux))
     assert (copy.state, copy.queue, copy.nacks, copy.dl.epoch) == (ACTIVE, b"q", 0, 2)
 
 

@@ -20,19 +20,12 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from disque.jobs.job import ACKED, ACTIVE, F_BCAST_QUEUED, F_DELIVERED, QUEUED, Job
+from disque.jobs.job import ACKED, ACTIVE, F_BCAST_QUEUED, F_DELIVERED, JOB_MEMORY, QUEUED, Job
 from disque.jobs.serialize import deserialize_job, serialize_job
-from disque.node import (
-    BASE_MEMORY,
-    DEFAULT_TTL,
-    JOB_MEMORY,
-    QUEUE_MEMORY,
-    REQUEUE_JITTER,
-    Node,
-    Waiter,
-)
+from disque.node import DEFAULT_TTL, Node, Waiter
 from disque.protocol.errors import CommandError
 from disque.queues.queue import PAUSE_IN, PAUSE_OUT
+from disque.state import BASE_MEMORY, QUEUE_MEMORY, REQUEUE_JITTER
 from disque.timers import RES
 
 MYID = b"0123abcd" + b"e" * 32

@@ -3,10 +3,9 @@ Membership on a fake clock, three peers whose bus links come and go."""
 
 from __future__ import annotations
 
-from disque.cluster.jobs import job_record
 from disque.cluster.messages import DelJob, GotJob, Header, ReplJob
+from disque.cluster.records import CONFIRM_MS, MAX_ATTEMPTS, job_record
 from disque.cluster.repair import DEFAULT_GRACE_MS, rank
-from disque.cluster.rereplication import CONFIRM_MS, MAX_ATTEMPTS
 from disque.jobs.job import F_RELOADED
 from tests.unit.noderig import ME, NodeRig
 

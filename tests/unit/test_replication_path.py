@@ -8,7 +8,6 @@ a frame mixing queues, paused queues and copies already held.
 
 from __future__ import annotations
 
-from disque.cluster.jobs import job_from_record
 from disque.cluster.messages import (
     FrameDecoder,
     GotJob,
@@ -17,6 +16,7 @@ from disque.cluster.messages import (
     ReplJobBatch,
     encode_many,
 )
+from disque.cluster.records import job_from_record
 from disque.jobs.job import ACTIVE, JOB_MEMORY, WAIT_REPL, Job
 from disque.queues.queue import PAUSE_IN
 from disque.timers import RES
@@ -111,7 +111,7 @@ def test_sync_addjobs_of_one_millisecond_and_timeout_share_one_timer_entry() -> 
     # keeps ticking for the one left (one more node every 50 ms), then times it out
     done, done_client = jobs[0]
     for n in done.delivered[1:]:
-        r.node.on_gotjob(n, GotJob(hdr(n), done.id))
+        r.node.on_message(n, GotJob(hdr(n), done.id))
     assert done_client.added == [done.id]
     jobs[1][1].cancel()
     short, short_client = jobs[2]
@@ -123,19 +123,19 @@ def test_sync_addjobs_of_one_millisecond_and_timeout_share_one_timer_entry() -> 
     assert [e.prefix for e in short_client.errors] == ["NOREPL"]
     assert done_client.added == [done.id] and not done_client.errors
     assert not jobs[1][1].errors and not jobs[1][1].added
-    assert other.state == WAIT_REPL and list(r.node.replicating) == [other.id]
+    assert other.state == WAIT_REPL and list(r.node.replication.replicating) == [other.id]
     r.advance(1000)
-    assert r.node.replicating == {} and r.node.repl_timer is None
+    assert r.node.replication.replicating == {} and r.node.replication.repl_timer is None
 
 
 def test_a_timer_with_nothing_left_to_wait_for_leaves_the_wheel() -> None:
     r = Rig()
     job, client = r.add_sync(replicate=2, timeout=0)
     (t1,) = targets(r.take(), ReplJob)
-    r.node.on_gotjob(t1, GotJob(hdr(t1), job.id))
+    r.node.on_message(t1, GotJob(hdr(t1), job.id))
     assert client.added == [job.id]
     r.advance(50 + RES)
-    assert r.node.repl_timer is None and r.take() == []
+    assert r.node.replication.repl_timer is None and r.take() == []
     r.advance(60_000)  # no retry tick, no timeout for an answered client
     assert r.take() == [] and client.added == [job.id] and not client.errors
 
@@ -207,7 +207,7 @@ def test_jobs_listing_the_same_nodes_share_one_delivered_tuple() -> None:
     held = list(replica.node.jobs.values())
     assert held[0].delivered == (ME, B, A) and held[1].delivered is held[0].delivered
     # a change makes a new tuple for that job only
-    r.node.on_gotjob(C, GotJob(hdr(C), jobs[0].id))
+    r.node.on_message(C, GotJob(hdr(C), jobs[0].id))
     assert jobs[0].delivered == (ME, A, B, C) and jobs[1].delivered == (ME, A, B)
 
 
@@ -215,4 +215,4 @@ def test_the_table_of_shared_delivered_tuples_stays_small() -> None:
     node = Rig().node
     for i in range(1000):
         node.shared_delivered((ME, bytes([i % 256]) * 40, bytes([i // 256]) * 40))
-    assert len(node._delivered) <= 256
+    assert len(node.delivered_lists) <= 256

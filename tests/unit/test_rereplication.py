@@ -8,7 +8,7 @@ import random
 from disque.cluster.membership import Connect, Log, Membership
 from disque.cluster.messages import INCARNATION_SHIFT, GotJob, Header, Ping, ReplJob
 from disque.cluster.nodes import LEAVING
-from disque.cluster.rereplication import CONFIRM_MS, MAX_ATTEMPTS
+from disque.cluster.records import CONFIRM_MS, MAX_ATTEMPTS
 from disque.jobs.job import ACKED, F_RELOADED
 from tests.unit.noderig import ME, T0, NodeRig
 

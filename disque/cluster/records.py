@@ -1,0 +1,66 @@
+"""Jobs as they travel on the bus: a `JobRecord` from a job, a job from a record, a job's
+dead-letter state as QUEUED / WILLQUEUE carry it.
+
+Used by every subsystem that sends or receives whole jobs (replication, federation,
+re-replication, repair); below them all, so none has to import another for it.
+"""
+
+from __future__ import annotations
+
+from disque.cluster.messages import (
+    STATE_EPOCH_SHIFT,
+    STATE_REASON_SHIFT,
+    JobRecord,
+    new_record,
+)
+from disque.jobs.job import ACTIVE, Job
+
+
+def job_record(job: Job, now: int) -> JobRecord:
+    """A job as it travels on the bus (expiry relative to the sender's clock)."""
+    ttl = job.etime - now
+    return new_record(JobRecord, (job.id, job.queue or b"", job.body or b"", job.repl,
+                                  ttl if ttl > 0 else 0, job.ctime, job.delay, job.retry,
+                                  job.nacks, job.deliveries, job.delivered, job.dl))
+
+
+def job_from_record(rec: JobRecord, now: int, queue: bytes | None = None,
+                    delivered: tuple[bytes, ...] | None = None) -> Job:
+    """An active job from a record; `queue` / `delivered` replace the record's (a queue
+    name object already held, a list with this node added)."""
+    job = Job(rec.id, queue or rec.queue, rec.body, rec.repl, rec.ctime, now + rec.ttl_ms,
+              rec.delay, rec.retry, rec.delivered if delivered is None else delivered)
+    job.nacks = rec.nacks
+    job.deliveries = rec.deliveries
+    job.dl = rec.dl
+    job.state = ACTIVE  # state: WAIT_REPL -> ACTIVE (a new Job object)
+    return job
+
+
+def state_bits(job: Job) -> int:
+    """The job's dead-letter state as QUEUED / WILLQUEUE carry it in `aux` (see
+    disque.cluster.deadletters)."""
+    dl = job.dl
+    if dl is None:
+        return 0
+    return (dl.epoch << STATE_EPOCH_SHIFT) | (dl.reason << STATE_REASON_SHIFT)
+
+
+# ---------------------------------------------------------------------- copies in flight
+# Re-replication and repair send copies (REPLJOB) and wait for their GOTJOB the same way.
+CONFIRM_MS = 1000  # a REPLJOB unconfirmed for this long is sent again (lost with a link)
+MAX_ATTEMPTS = 5
+
+
+def overdue(inflight: dict[tuple[bytes, bytes], tuple[int, int]],
+            now: int) -> list[tuple[tuple[bytes, bytes], int]]:
+    """The copies in `inflight` ((node ID, job ID) -> (sent at, attempts)) still without
+    their GOTJOB CONFIRM_MS after they were sent: [(key, attempts)]. Entries are inserted
+    when sent (a copy sent again is removed first), so they are in the order of their
+    send times: the walk stops at the first one not due."""
+    due = []
+    for key, (sent, attempts) in inflight.items():
+        if now - sent < CONFIRM_MS:
+            break
+        due.append((key, attempts))
+    return due
