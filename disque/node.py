@@ -367,13 +367,13 @@ class Node(NodeState):
         self.jshards[hash(job_id) & self.jmask][job_id] = job
         self.jobs.size += 1
         self.mem_used += JOB_MEMORY + len(body)
-        job.state = ACTIVE
+        job.state = ACTIVE  # state: WAIT_REPL -> ACTIVE
         if delay:
             job.qtime = now + delay * 1000
             self.schedule_job(job)
         elif q is not None and not q.waiters and not self.needers:
             # enqueue() of a brand-new job into an existing queue nobody waits on, inlined
-            job.state = QUEUED
+            job.state = QUEUED  # state: ACTIVE -> QUEUED
             job.flags = F_BCAST_QUEUED
             q.jobs.add(job)
             q.jobs_in += 1
@@ -413,7 +413,8 @@ class Node(NodeState):
                                               + tuple(targets))
         if async_ and external:
             self.replication.start_replication(job, targets, True, True, now)  # never registered here
-            job.state = ACTIVE  # not WAIT_REPL: the command layer must not wait for it
+            # not WAIT_REPL: the command layer must not wait for it
+            job.state = ACTIVE  # state: WAIT_REPL -> ACTIVE
             return job
         self.register(job)
         if async_:
@@ -450,7 +451,7 @@ class Node(NodeState):
             self.schedule_job(job)
             return True
         saved_queued = job.state == QUEUED
-        job.state = ACTIVE
+        job.state = ACTIVE  # state: QUEUED -> ACTIVE (a restored job, saved queued)
         job.awake = 0
         self.register(job)
         if saved_queued and enqueue_queued:

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from tests import statecheck
 from tests.harness import DisqueProcess
 from tests.hypothesis_profile import SUITE_PROFILE
 from tests.smalldisk import SmallDisk
@@ -53,6 +54,15 @@ def pytest_configure(config: pytest.Config) -> None:
     count = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
     if worker.startswith("gw") and count.isdigit():
         os.environ["DISQUE_PORT_SLICE"] = f"{int(worker[2:])}/{count}"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _checked_job_states() -> Iterator[None]:
+    """Every job state change made in this process (the unit and simulation suites) must be
+    a transition of disque.jobs.states' table (see tests/statecheck.py)."""
+    slot = statecheck.install()
+    yield
+    statecheck.uninstall(slot)
 
 
 @pytest.fixture

@@ -53,7 +53,7 @@ class Acks:
                     # delete it at once, so skip the GC timer ack_job arms for copies
                     # elsewhere (a timer entry, a clock read and a random draw per ACK).
                     st.delete_job(job)
-                    job.state = ACKED  # state: ACTIVE | QUEUED -> ACKED (already gone)
+                    job.state = ACKED  # state: ACTIVE -> ACKED (gone: a queued one left its queue)
                     continue
                 st.ack_job(job)
             self.start_gc(job)

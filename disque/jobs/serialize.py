@@ -96,7 +96,7 @@ def deserialize_job(data: bytes, offset: int = 0, storage: bool = True,
         raise SerializeError(f"bad job state {state}")
     etime = etime_s * 1000 if storage else now_ms + (etime_s - 1) * 1000
     job = Job(bytes(job_id), queue, body, repl, ctime, etime, delay, retry, delivered)
-    job.state = state
+    job.state = state  # state: WAIT_REPL -> ACTIVE | QUEUED | ACKED (restore)
     job.gc_retry = state_gc >> 4
     job.flags = flags & _PERSISTED_FLAGS
     job.nacks = nacks
