@@ -32,7 +32,7 @@ from typing import Any
 
 from disque.cluster.acks import Acks
 from disque.cluster.deadletters import DeadLetters
-from disque.cluster.federation import RESPONDER_VALID_MS, Federation
+from disque.cluster.federation import Federation
 from disque.cluster.membership import Membership
 from disque.cluster.messages import (
     DelJob,
@@ -51,7 +51,6 @@ from disque.cluster.messages import (
     WorkingJob,
     YourJobs,
 )
-from disque.cluster.nodes import ClusterNode
 from disque.cluster.repair import Repair
 from disque.cluster.replication import JobReplication, ReplJobsOut, ReplWaiter
 from disque.cluster.requeue import Requeue
@@ -64,12 +63,11 @@ from disque.jobs.job import (
     F_BCAST_QUEUED,
     F_BCAST_WILLQUEUE,
     F_DUMMY,
-    F_RELOADED,
     JOB_MEMORY,
     QUEUED,
-    WAIT_REPL,
     Job,
 )
+from disque.jobs.restore import restore_job
 from disque.latency import EXPIRE_CYCLE, LatencyMonitor
 from disque.memory import Memory
 from disque.protocol.errors import CommandError, err, leaving
@@ -227,6 +225,13 @@ class Node(NodeState):
     def join_replication(self, job_id: bytes, waiter: ReplWaiter) -> bool:
         return self.replication.join_replication(job_id, waiter)
 
+    def load_job(self, job: Job, enqueue_queued: bool) -> bool:
+        """A job read from the AOF (see disque.jobs.restore)."""
+        return restore_job(self, job, enqueue_queued)
+
+    def import_sources(self, q: Queue) -> list[bytes]:
+        return self.federation.import_sources(q)
+
     def cancel_replication(self, job_id: bytes, waiter: ReplWaiter | None = None) -> bool:
         return self.replication.cancel_replication(job_id, waiter)
 
@@ -239,6 +244,7 @@ class Node(NodeState):
     def dedup_forget(self, queue: bytes, key: bytes, job_id: bytes) -> None:
         self.dedup.forget(queue, key, job_id)
 
+    # ------------------------------------------------------------------ ADDJOB
     def set_deadletter_defaults(self, max_deliveries: int, max_nacks: int,
                                 queue: bytes) -> None:
         """default-max-deliveries, default-max-nacks, deadletter-queue: the policy of jobs
@@ -247,27 +253,6 @@ class Node(NodeState):
         self.default_max_nacks = max_nacks
         self.deadletter_queue = queue
         self.deadletter_defaults_on = bool(max_deliveries or max_nacks)
-
-    def hello_nodes(self) -> list[ClusterNode]:
-        """Every known node for HELLO and CLUSTER NODES."""
-        if self.membership is not None:
-            return self.membership.nodes()
-        me = ClusterNode(self.myself, self.my_ip, self.my_port)
-        me.flags = ["myself", "leaving"] if self.leaving else ["myself"]
-        return [me]
-
-    def cluster_info(self) -> list[tuple[str, object]]:
-        if self.membership is not None:
-            return self.membership.cluster_info()
-        return [("cluster_state", "ok"), ("cluster_known_nodes", 1),
-                ("cluster_reachable_nodes", 0), ("cluster_size", 1),
-                ("cluster_stats_messages_sent", 0), ("cluster_stats_messages_received", 0)]
-
-    def import_sources(self, q: Queue) -> list[bytes]:
-        """Nodes that gave us jobs for `q` in the last RESPONDER_VALID_MS (QSTAT
-        import-from; need_jobs forgets older ones only when it is about to ask)."""
-        now = self.clock()
-        return [n for n, t in q.needjobs_responders.items() if now - t <= RESPONDER_VALID_MS]
 
     def cancel_adds(self, jobs: list[Job]) -> None:
         """New jobs whose LOADJOB could not be written to the AOF (a full disk): their
@@ -427,55 +412,7 @@ class Node(NodeState):
         self.replication.start_replication(job, targets, external, async_, now)
         return job
 
-    def load_job(self, job: Job, enqueue_queued: bool) -> bool:
-        """Restore a job read from the AOF (a LOADJOB record); False if it is skipped.
-
-        Expired jobs are dropped. A job saved as queued comes back queued only after a
-        controlled restart (`enqueue_queued`, aof-enqueue-jobs-once); otherwise it is active
-        and re-queued by its timer after delay + retry. At-most-once jobs are never queued
-        again (they may have been delivered), except one whose delay is still running:
-        that one cannot have been queued yet, so it is queued when its delay ends.
-        """
-        now = self.clock()
-        if job.etime <= now or job.state == WAIT_REPL:
-            return False
-        old = self.lookup_job(job.id)
-        if old is not None:
-            self.unregister(old)
-        if job.state == ACKED:
-            # An acknowledgement (see ack_job): kept so that it answers for the job, and
-            # collected by the usual GC, starting a second from now.
-            self.register(job)
-            job.awake = 0
-            job.qtime = now + 1000 + int(self.random() * 500) - 250
-            self.schedule_job(job)
-            return True
-        saved_queued = job.state == QUEUED
-        job.state = ACTIVE  # state: QUEUED -> ACTIVE (a restored job, saved queued)
-        job.awake = 0
-        self.register(job)
-        if saved_queued and enqueue_queued:
-            job.qtime = now
-            self.enqueue(job, now)
-            return True
-        if job.retry:
-            job.qtime = now + (job.delay + job.retry) * 1000 + \
-                int(self.random() * 2 * REQUEUE_JITTER) - REQUEUE_JITTER
-            if len(job.delivered) > 1 or self.myself not in job.delivered:
-                # It may have been acked and collected while we were down: ask first
-                # (see ClusterJobs.requeue_by_timer).
-                job.flags |= F_RELOADED
-        elif (not job.flags & F_BCAST_QUEUED
-              and job.ctime // 1_000_000 + job.delay * 1000 > now):
-            # Queueing is not logged: only a delay still running at the restart proves the
-            # job was never queued (so never delivered). One whose delay already ended may
-            # have been queued and delivered after its LOADJOB was written.
-            job.qtime = job.ctime // 1_000_000 + job.delay * 1000
-        else:
-            job.qtime = 0
-        self.schedule_job(job)
-        return True
-
+    # ------------------------------------------------------------------ GETJOB
     def get_jobs(self, names: list[bytes], count: int) -> list[Job]:
         """Passes over the queues left to right, one job per queue per pass, until `count`
         jobs or a pass that yields nothing. Queues paused in output are skipped."""
@@ -523,6 +460,7 @@ class Node(NodeState):
         self.federation.need_jobs(q, now)
         return q
 
+    # ------------------------------------------------------------------ PAUSE, LEAVING
     def set_leaving(self, flag: bool) -> None:
         """CLUSTER LEAVING yes|no; blocked GETJOB clients are told to go elsewhere."""
         self.leaving = flag
@@ -557,6 +495,7 @@ class Node(NodeState):
                     self.serve_waiters(q)
         return q.pause_name() if q is not None else b"none"
 
+    # ------------------------------------------------------------------ timers
     def tick(self, now: int | None = None) -> None:
         """Run everything the wheel says is due; the pass is timed as the latency event
         `expire-cycle` (jobs expire here, as keys do in Redis's expire cycle)."""
@@ -610,6 +549,7 @@ class Node(NodeState):
         self.repair.tick(now)
         self.wheel.schedule(self._cluster_timer, now + 100)
 
+    # ------------------------------------------------------------------ admin, bus
     def flushall(self) -> None:
         """Delete every job and queue (DEBUG FLUSHALL, CLUSTER RESET); blocked clients get
         a nil reply, clients waiting on replication -NOREPL."""

@@ -38,6 +38,7 @@ from typing import Protocol
 
 from disque.cluster.membership import Membership
 from disque.cluster.messages import Header, Message, Queued
+from disque.cluster.nodes import ClusterNode
 from disque.cluster.records import state_bits
 from disque.jobs.ids import IdGenerator
 from disque.jobs.job import (
@@ -182,6 +183,21 @@ class NodeState:
         if m is None:
             return []
         return [n.id for n in m.nodes() if not n.bits & 0x08]  # not handshake
+
+    def hello_nodes(self) -> list[ClusterNode]:
+        """Every known node for HELLO and CLUSTER NODES."""
+        if self.membership is not None:
+            return self.membership.nodes()
+        me = ClusterNode(self.myself, self.my_ip, self.my_port)
+        me.flags = ["myself", "leaving"] if self.leaving else ["myself"]
+        return [me]
+
+    def cluster_info(self) -> list[tuple[str, object]]:
+        if self.membership is not None:
+            return self.membership.cluster_info()
+        return [("cluster_state", "ok"), ("cluster_known_nodes", 1),
+                ("cluster_reachable_nodes", 0), ("cluster_size", 1),
+                ("cluster_stats_messages_sent", 0), ("cluster_stats_messages_received", 0)]
 
     def link_up(self, node_id: bytes) -> bool:
         """Whether a message to `node_id` can leave now: our outbound bus link to it is up

@@ -40,6 +40,12 @@ class Federation:
         self.queues_with_waiters = queues_with_waiters  # (queues.waiting)
         self.importing: set[Queue] = set()  # queues with a recent import rate
 
+    def import_sources(self, q: Queue) -> list[bytes]:
+        """Nodes that gave us jobs for `q` in the last RESPONDER_VALID_MS (QSTAT
+        import-from; need_jobs forgets older ones only when it is about to ask)."""
+        now = self.state.clock()
+        return [n for n, t in q.needjobs_responders.items() if now - t <= RESPONDER_VALID_MS]
+
     def need_jobs(self, q: Queue, now: int, reached_zero: bool = False) -> None:
         """Ask other nodes for jobs of `q` (NEEDJOBS), within the backoffs."""
         if self.state.leaving or self.state.membership is None or self.state.cluster_size() < 2:
