@@ -547,7 +547,7 @@ class Membership:
             self._changed(save=was_fail)
             self._log("node.fail_cleared", node=_sid(node.id), was="fail" if was_fail else "pfail")
         self._sender_flags(node, h.flags)
-        self._process_gossip(node, msg.gossip, now)  # type: ignore[attr-defined]
+        self._process_gossip(node, msg.gossip, now)
 
     def _inbound_message(self, link: Any, msg: Message, peer_ip: bytes, now: int) -> None:
         """A request (or broadcast) from another node's outbound link."""
