@@ -52,12 +52,24 @@ Invariants:
 
 from __future__ import annotations
 
-import ipaddress
 import itertools
 import random
 from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple
+from typing import Any
 
+from disque.cluster.effects import (
+    SAVE_CONFIG,
+    CloseLink,
+    Connect,
+    Effect,
+    LinkChanged,
+    Log,
+    SaveConfig,
+    Send,
+    gossip_entries,
+    new_node_id,
+    normalize_ip,
+)
 from disque.cluster.messages import (
     INCARNATION_SHIFT,
     TYPE_NAMES,
@@ -79,7 +91,6 @@ from disque.cluster.nodes import (
     MYSELF,
     NOADDR,
     PFAIL,
-    WIRE_FLAGS,
     ClusterNode,
     NodesConfError,
     parse_nodes_conf,
@@ -105,62 +116,6 @@ MIN_HANDSHAKE_TIMEOUT = 1000  # ms
 BLACKLIST_TTL = 60_000  # ms a forgotten node cannot be re-added by gossip (the default)
 RECONNECT_MIN = 100  # ms, first retry after a failed connect; doubles up to RECONNECT_MAX
 RECONNECT_MAX = 1000
-
-
-# ---------------------------------------------------------------------------- effects
-class Connect(NamedTuple):
-    """Open an outbound bus link to ip:bus_port, then call link_connected(link, token) or
-    connect_failed(token). Attempts must end (use a connect timeout <= node_timeout)."""
-
-    token: int
-    node_id: bytes  # the node's ID, or the temporary ID of a handshake entry
-    ip: bytes
-    bus_port: int
-
-
-class Send(NamedTuple):
-    link: Any
-    msg: Message
-
-
-class CloseLink(NamedTuple):
-    link: Any
-
-
-class SaveConfig(NamedTuple):
-    """nodes.conf must be rewritten with `Membership.nodes_conf()`."""
-
-
-SAVE_CONFIG = SaveConfig()
-
-
-class Log(NamedTuple):
-    event: str
-    fields: dict[str, Any]
-
-
-class LinkChanged(NamedTuple):
-    """Our outbound link to `node_id` is up (`up`) or gone; `linked()` already says so."""
-
-    node_id: bytes
-    up: bool
-
-
-Effect = Connect | Send | CloseLink | SaveConfig | Log | LinkChanged
-
-
-def new_node_id(rng: random.Random) -> bytes:
-    """A random 40-hex-char node ID."""
-    return b"%040x" % rng.getrandbits(160)
-
-
-def normalize_ip(ip: bytes | str) -> bytes | None:
-    """Canonical text of an IP address, or None if `ip` is not one."""
-    try:
-        text = ip.decode("ascii") if isinstance(ip, bytes) else ip
-        return str(ipaddress.ip_address(text)).encode()
-    except (ValueError, UnicodeDecodeError):
-        return None
 
 
 def _sid(node_id: bytes) -> str:
@@ -429,7 +384,7 @@ class Membership:
         self._changed()
         for node in self.table.values():
             if node.out_link is not None and not node.bits & HANDSHAKE:
-                self.outbox.append(Send(node.out_link, Pong(self.header, self._gossip(node))))
+                self.outbox.append(Send(node.out_link, Pong(self.header, gossip_entries(self.table, node, self.rng))))
         self._flush()
 
     def set_leaving(self, flag: bool) -> None:
@@ -443,7 +398,7 @@ class Membership:
         self._changed()
         for node in self.table.values():
             if node.out_link is not None and not node.bits & HANDSHAKE:
-                self.outbox.append(Send(node.out_link, Pong(self.header, self._gossip(node))))
+                self.outbox.append(Send(node.out_link, Pong(self.header, gossip_entries(self.table, node, self.rng))))
         self._flush()
 
     # ------------------------------------------------------------------ link events
@@ -590,7 +545,7 @@ class Membership:
                     sender.retries = 0
                     sender.retry_at = 0
                     self._connect(sender, now)
-            self.outbox.append(Send(link, Pong(self.header, self._gossip(sender))))
+            self.outbox.append(Send(link, Pong(self.header, gossip_entries(self.table, sender, self.rng))))
             if sender is not None:
                 self._sender_flags(sender, h.flags)
                 self._process_gossip(sender, msg.gossip, now)  # type: ignore[attr-defined]
@@ -748,29 +703,7 @@ class Membership:
     def _send_ping(self, node: ClusterNode, now: int, cls: type[Ping] | type[Meet]) -> None:
         if not node.ping_sent:
             node.ping_sent = now
-        self.outbox.append(Send(node.out_link, cls(self.header, self._gossip(node))))
-
-    def _gossip(self, target: ClusterNode | None) -> list[GossipEntry]:
-        """max(3, known/10) random entries, at most known - 2, failing nodes first."""
-        table = self.table
-        known = len(table)
-        wanted = min(max(3, known // 10), known - 2)
-        if wanted <= 0:
-            return []
-        failing: list[ClusterNode] = []
-        others: list[ClusterNode] = []
-        for n in table.values():
-            bits = n.bits
-            if bits & (MYSELF | HANDSHAKE | NOADDR) or n is target:
-                continue
-            (failing if bits & FAILING else others).append(n)
-        sample = self.rng.sample
-        if len(failing) >= wanted:
-            chosen = sample(failing, wanted)
-        else:
-            chosen = failing + sample(others, min(wanted - len(failing), len(others)))
-        return [GossipEntry(n.id, n.ip, n.port, n.bus_port, n.bits & WIRE_FLAGS, n.ping_sent,
-                            n.pong_received) for n in chosen]
+        self.outbox.append(Send(node.out_link, cls(self.header, gossip_entries(self.table, node, self.rng))))
 
     def _process_gossip(self, sender: ClusterNode, entries: list[GossipEntry],
                         now: int) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from disque.cluster.effects import gossip_entries
 from disque.cluster.membership import (
     BLACKLIST_TTL,
     SAVE_CONFIG,
@@ -369,7 +370,7 @@ def test_gossip_sections_have_max_3_or_a_tenth_capped_at_known_minus_2() -> None
         m.table[node_id] = node
         m._views_dirty = True
         target = m.nodes()[1]
-        entries = m._gossip(target)
+        entries = gossip_entries(m.table, target, m.rng)
         ids = [e.node_id for e in entries]
         assert len(ids) == len(set(ids)) and ME not in ids and target.id not in ids
         sizes.append(len(entries))
@@ -387,7 +388,7 @@ def test_gossip_prefers_failing_nodes_and_never_includes_handshake_entries() -> 
     m.table[ids[1]].bits |= FAIL
     m.table[ids[2]].bits |= HANDSHAKE
     for _ in range(20):
-        entries = m._gossip(None)
+        entries = gossip_entries(m.table, None, m.rng)
         got = {e.node_id: e.flags for e in entries}
         assert len(entries) == 3
         assert got[ids[0]] == PFAIL and got[ids[1]] == FAIL and ids[2] not in got
