@@ -174,3 +174,16 @@ class OriginalDisqueProcess(DisqueProcess):
             conf.write_text(self.config_text)
             cmd.append(str(conf))
         return cmd + ["--port", str(self.port), "--dir", str(self.workdir)] + self.args
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Up once it answers PING (or -NOAUTH, with a password)."""
+        def ready() -> bool:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
+                    s.sendall(b"*1\r\n$4\r\nPING\r\n")
+                    return s.recv(64).startswith((b"+PONG", b"-NOAUTH"))
+            except OSError:
+                return False
+        wait_for(ready, timeout=timeout, what=f"the original disque-server on port {self.port}")

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
+from redis.asyncio.connection import AbstractConnection as Connection
 from redis.exceptions import AuthenticationError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -29,6 +30,7 @@ from disque.client.base import (
     AddJobsResult,
     Attempts,
     ClientBase,
+    Connecting,
     ConsumeStats,
     NodesSpec,
     pack_pipeline,
@@ -81,14 +83,20 @@ class AsyncClient(ClientBase):
         t = self.read_timeout(blocking_ms)
         return math.inf if t is None else t
 
-    # -- connection management ----------------------------------------------------------------
+    # -- connection management (the decisions are `ClientBase`'s and `Connecting`'s) --------
     def _pool(self, node: Node) -> aioredis.ConnectionPool:
         pool = self._pools.get(node.addr)
         if pool is None:
             pool = aioredis.ConnectionPool(host=node.host, port=node.port,
-                                           **self.connection_kwargs)
+                                           **self.pool_options(node))
             self._pools[node.addr] = pool
         return pool
+
+    async def _renew_pool(self, node: Node) -> None:
+        """`node` refused HELLO 3: its next connections come from a RESP2 pool."""
+        pool = self._pools.pop(node.addr, None)
+        if pool is not None:
+            await pool.disconnect()
 
     async def connect(self) -> Node:
         return await self._current()
@@ -108,9 +116,20 @@ class AsyncClient(ClientBase):
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
+    async def _connection(self, node: Node) -> tuple[aioredis.ConnectionPool, Connection]:
+        """A connection to `node`, handshake done (over RESP2 if it refuses HELLO 3).
+        Raises network errors as redis-py does, a refused handshake as `DisqueError`."""
+        while True:
+            pool = self._pool(node)
+            try:
+                return pool, await pool.get_connection()
+            except (ResponseError, AuthenticationError) as exc:
+                if not self.resp3_refused(node, exc):
+                    raise error_from_redis(exc) from None
+            await self._renew_pool(node)
+
     async def _hello_on(self, node: Node) -> Hello:
-        pool = self._pool(node)
-        conn = await pool.get_connection()
+        pool, conn = await self._connection(node)
         try:
             await conn.send_command("HELLO", check_health=False)
             return replies.parse_hello(await conn.read_response())
@@ -123,28 +142,19 @@ class AsyncClient(ClientBase):
             await pool.release(conn)
 
     async def _connect(self) -> Node:
-        fallback: Node | None = None
-        errors: list[str] = []
-        for node in self.table.candidates():
+        """Ask the candidates for HELLO in turn until the client is on one (`Connecting`)."""
+        search = Connecting(self)
+        for node in search.candidates:
             try:
                 hello = await self._hello_on(node)
-            except AuthenticationError as exc:
-                raise error_from_redis(exc) from None
             except (*NETWORK_ERRORS, DisqueError) as exc:
-                errors.append(f"{node.addr}: {exc}")
-                self.table.mark_failed(node.addr)
+                failure = search.refused(node, exc)
+                if failure is not None:
+                    raise failure from None
                 continue
-            self.table.mark_ok(node.addr)
-            if self.pick_after_hello(node, hello):
-                self.node = node
+            if search.answered(node, hello):
                 return node
-            fallback = fallback or node
-        if fallback is not None:
-            self.node = fallback
-            return fallback
-        raise DisqueConnectionError("no reachable node among "
-                                    f"{', '.join(self.seeds)}: {'; '.join(errors)}",
-                                    unreachable=True)
+        return search.give_up()
 
     async def _current(self) -> Node:
         node = self.node
@@ -155,46 +165,38 @@ class AsyncClient(ClientBase):
                 node = self.node or await self._connect()
         elif self.hello_due():
             try:
-                ok = self.pick_after_hello(node, await self._hello_on(node))
+                hello: Hello | None = await self._hello_on(node)
             except (*NETWORK_ERRORS, DisqueError):
-                ok = False
-                self.table.mark_failed(node.addr)
-            if not ok and self.node is node:
-                self.node = None
+                hello = None
+            if not self.refreshed(node, hello):
                 node = await self._current()
         return node
-
-    def _node_failed(self, node: Node) -> None:
-        self.table.mark_failed(node.addr)
-        if self.node is node:
-            self.node = None
 
     async def use_node(self, node: Node | str) -> Node:
         target = self.resolve(node)
         assert target is not None
         try:
             hello = await self._hello_on(target)
-        except AuthenticationError as exc:
-            raise error_from_redis(exc) from None
         except NETWORK_ERRORS as exc:
-            self.table.mark_failed(target.addr)
-            raise DisqueConnectionError(f"cannot use {target.addr}: {exc}",
-                                        unreachable=True) from exc
-        self.pick_after_hello(target, hello)
-        self.node = target
+            raise self.unusable(target, exc) from exc
+        self.use(target, hello)
         return target
 
     # -- sending -------------------------------------------------------------------------------
-    async def _checkout(self, attempts: Attempts) -> tuple[Node, Any, Any]:
+    async def _checkout(self, attempts: Attempts
+                        ) -> tuple[Node, aioredis.ConnectionPool, Connection]:
         """(node, pool, connection) for the next attempt; raises DisqueConnectionError when
-        the failover policy gives up connecting (nothing was sent)."""
+        the failover policy gives up connecting (nothing was sent). (`_connection` inlined:
+        this is every command's path.)"""
         while True:
             node = attempts.required() or await self._current()
             pool = self._pool(node)
             try:
                 return node, pool, await pool.get_connection()
-            except AuthenticationError as exc:
-                raise error_from_redis(exc) from None
+            except (ResponseError, AuthenticationError) as exc:  # the handshake was refused
+                if not self.resp3_refused(node, exc):
+                    raise error_from_redis(exc) from None
+                await self._renew_pool(node)
             except NETWORK_ERRORS as exc:
                 failure = attempts.connect_failed(node, exc)
                 if failure is not None:
@@ -295,9 +297,9 @@ class AsyncClient(ClientBase):
                     batch.take(command, reply, node)
             except NETWORK_ERRORS as exc:
                 await conn.disconnect()
-                failure = attempts.lost(node, exc)
-                if failure is not None:
-                    batch.fail(batch.pending(todo), failure)
+                lost = attempts.lost(node, exc)
+                if lost is not None:
+                    batch.fail(batch.pending(todo), lost)
                     return
             finally:
                 await pool.release(conn)
@@ -332,18 +334,14 @@ class AsyncClient(ClientBase):
         return await self._run(calls.get_job(queues, timeout=timeout, count=count,
                                              nohang=nohang, with_counters=with_counters))
 
-    async def _get_job_from(self, queues: Sequence[str | bytes], **kw: Any
-                            ) -> tuple[list[Job], Node]:
-        call = calls.get_job(queues, **kw)
-        reply, node = await self._execute(call.args, call.safe, call.blocking_ms)
-        return call.parse(reply), node
-
     async def get_job_and_node(self, *queues: str | bytes, timeout: int | None = None,
                                count: int | None = None, nohang: bool = False,
                                with_counters: bool = False) -> tuple[list[Job], Node]:
         """`get_job`, and the node that delivered the jobs (see `Client.get_job_and_node`)."""
-        return await self._get_job_from(queues, timeout=timeout, count=count, nohang=nohang,
-                                        with_counters=with_counters)
+        call = calls.get_job(queues, timeout=timeout, count=count, nohang=nohang,
+                             with_counters=with_counters)
+        reply, node = await self._execute(call.args, call.safe, call.blocking_ms)
+        return call.parse(reply), node
 
     async def ack_job(self, *ids: str | bytes, node: Node | str | None = None) -> int:
         return await self._run(calls.ack_job(*ids), node)
@@ -521,8 +519,8 @@ class AsyncClient(ClientBase):
                         stop.set()
                     return
                 try:
-                    jobs, node = await self._get_job_from(qs, timeout=poll_ms, count=want,
-                                                          with_counters=with_counters)
+                    jobs, node = await self.get_job_and_node(*qs, timeout=poll_ms, count=want,
+                                                            with_counters=with_counters)
                 except AuthError as exc:
                     if max_jobs is not None:
                         reserved -= want

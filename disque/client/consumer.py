@@ -234,8 +234,8 @@ class Consumer:
                         self.stop.set()
                 return
             try:
-                jobs, node = self.client._get_job_from(
-                    self.queues, timeout=self.poll_ms, count=want,
+                jobs, node = self.client.get_job_and_node(
+                    *self.queues, timeout=self.poll_ms, count=want,
                     with_counters=self.with_counters)
             except AuthError as exc:
                 self._unreserve(want)

@@ -21,6 +21,9 @@ What this does NOT cover, honestly:
   attempt (true for files, `range`, deterministic transformations; not for `rand()`, or for
   a shuffle whose order differs when recomputed). Use `dedup_key_col` with a stable key then.
 - Keys are remembered for the job's TTL only (default one day).
+- antirez's Disque has no DEDUP (nor ADDJOBS): a node without ADDJOBS that answers the
+  pipelined `ADDJOB ... DEDUP key` with a syntax error gets the rows without keys, with a
+  warning logged once per partition; a retried task may add rows there again.
 
 Batches: a batch goes to the node as one ADDJOBS (`ADDJOBS ... WITHDEDUP JOBS key body
 ...`), which the node replicates in one bus round trip, so one connection per partition is
@@ -197,6 +200,7 @@ class PartitionProducer:
         self.client: Any = None
         self.result = PartitionResult(partition)
         self._pool: ThreadPoolExecutor | None = None
+        self.dedup_refused = False  # the node has no DEDUP (antirez's Disque): keys dropped
         # connections per batch where the node has no ADDJOBS (see `_connections`)
         if cfg.connections is not None:
             self.connections = cfg.connections
@@ -248,9 +252,14 @@ class PartitionProducer:
         cfg = self.cfg
         todo = list(range(len(bodies)))
         attempt = 0
+        if self.dedup_refused:
+            keys = None
         while todo:
             client = self._client()
             errors = self._add(client, todo, bodies, keys)
+            if keys is not None and self._refuses_dedup(client, errors):
+                keys = None
+                continue
             retry_later = []
             unreachable = False
             for pos, err in zip(todo, errors, strict=True):
@@ -275,6 +284,20 @@ class PartitionProducer:
             if unreachable:
                 self._next_node(str(next(e for e in errors if e is not None)))
             self.sleep(min(cfg.backoff * (2 ** (attempt - 1)), cfg.backoff_max))
+
+    def _refuses_dedup(self, client: Any, errors: Sequence[DisqueError | None]) -> bool:
+        """Whether every ADDJOB of a batch with DEDUP keys got a syntax error from a node
+        without ADDJOBS: antirez's Disque, which has no DEDUP either. Then the rows go
+        without keys (nothing was added: the whole command was refused)."""
+        if client.has_addjobs() is not False or not errors or not all(
+                e is not None and e.prefix == "ERR" and e.message.lower().startswith("syntax")
+                for e in errors):
+            return False
+        self.dedup_refused = True
+        log.warning("producer.no_dedup partition=%s node=%s: the node has no ADDJOB DEDUP "
+                    "(antirez's Disque); rows are added without keys, a retried task may "
+                    "add them again", self.partition, self.node)
+        return True
 
     def _connections(self, client: Any) -> int:
         """How many connections the next batch goes over. An ADDJOBS batch is replicated in

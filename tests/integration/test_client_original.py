@@ -43,9 +43,13 @@ def test_an_explicit_protocol_3_is_not_overridden(original: OriginalDisqueProces
 
 def test_sync_add_jobs_falls_back_to_pipelined_addjob(original: OriginalDisqueProcess) -> None:
     with Client(addr(original)) as c:
-        result = c.add_jobs("q", [b"a", b"b", b"c"], dedup_keys=["k1", "k2", "k1"])
+        result = c.add_jobs("q", [b"a", b"b", b"c"])
         assert result.ok and c.has_addjobs() is False
-        assert result.ids[0] != result.ids[1]  # (the original has no DEDUP: keys are ignored)
+        assert c.qlen("q") == 3
+        # the original has no DEDUP: the client does not pretend, each job gets the error
+        keyed = c.add_jobs("q", [b"d", b"e"], dedup_keys=["k1", "k2"])
+        assert keyed.ids == [None, None]
+        assert all(isinstance(e, DisqueError) and "syntax" in str(e) for e in keyed.errors)
         assert c.qlen("q") == 3
 
 
@@ -92,7 +96,8 @@ async def test_async_client_and_consume_against_the_original(
 
 def test_write_jobs_partition_producer_falls_back_to_pipelined_addjob(
         original: OriginalDisqueProcess) -> None:
-    """What `write_jobs` and the `disque` data source run on each executor, without Spark."""
+    """What `write_jobs` and the `disque` data source run on each executor, without Spark:
+    pipelined ADDJOBs, and no DEDUP keys (the original has none)."""
     cfg = ProducerConfig(nodes=[addr(original)], queue="wq", batch_size=50, dedup=True,
                          dedup_prefix="w1", replicate=1)
     result = PartitionProducer(cfg, 0).run((f"row{i}", None) for i in range(120))
