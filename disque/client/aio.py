@@ -10,12 +10,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import inspect
-import logging
 import math
-import signal
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -37,22 +32,17 @@ from disque.client.base import (
 )
 from disque.client.batch import AddJobsBatch
 from disque.client.calls import Call
-from disque.client.consumer import Heartbeats, consume_queues
 from disque.client.errors import (
-    AuthError,
     DisqueConnectionError,
     DisqueError,
     LeavingError,
-    NoJobError,
-    TooLateError,
     error_from_redis,
 )
-from disque.client.nodes import LEAVING_PRIORITY, Node, PrefixStats
+from disque.client.nodes import Node
 from disque.client.replies import Hello, Job
 
 T = TypeVar("T")
 NETWORK_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError, asyncio.TimeoutError)
-log = logging.getLogger("disque.client.aio")
 
 
 async def _read(conn: Any, timeout: float) -> Any:
@@ -438,168 +428,21 @@ class AsyncClient(ClientBase):
                       follow_every: int = 100, handle_signals: bool = True,
                       with_counters: bool = True, error_backoff: float = 0.5) -> ConsumeStats:
         """The asyncio twin of `Client.consume`: `concurrency` tasks; `handler` may be a
-        coroutine function or a plain function. Bad arguments raise ValueError at once."""
-        qs = consume_queues(queues, concurrency=concurrency, count=count, poll_ms=poll_ms,
-                            max_jobs=max_jobs)
-        stop = stop_event or asyncio.Event()
-        stats = ConsumeStats()
-        beats = Heartbeats(first_check=heartbeat_after)
-        prefixes = PrefixStats()
-        reserved = 0
-        since_follow = 0
-        wake = asyncio.Event()
-        fatal: list[AuthError] = []  # a refused password stops every worker (consumer.py)
+        coroutine function or a plain function. Bad arguments raise ValueError at once.
+        (The worker's asyncio driver runs the consume policy: see `disque.client.consumer`.)"""
+        from disque.client.consumer import EVENTS, consume_core, consume_queues, consume_stats
+        from disque.worker.aio import AsyncWorker
+        from disque.worker.driver import Fetch
 
-        def reserve() -> int:
-            nonlocal reserved
-            if max_jobs is None:
-                return count
-            want = min(count, max_jobs - reserved)
-            if want <= 0:
-                return 0
-            reserved += want
-            return want
-
-        def error(text: str) -> None:
-            log.warning("consumer.error %s", text)
-            if len(stats.errors) < 100:
-                stats.errors.append(text)
-
-        async def finish(job: Job, node: Node, ok: bool) -> None:
-            try:
-                if ok:
-                    await self.ack_job(job.id, node=node)
-                    stats.acked += 1
-                else:
-                    await self.nack(job.id, node=node)
-                    stats.nacked += 1
-            except DisqueError as exc:
-                problem = exc
-            else:
-                return
-            if ok:
-                try:
-                    await self.ack_job(job.id)
-                    stats.acked += 1
-                    return
-                except DisqueError as exc:
-                    problem = exc
-            error(f"{job.id}: {problem}")
-
-        async def follow(jobs: list[Job]) -> None:
-            nonlocal since_follow
-            for job in jobs:
-                prefixes.observe(job.id)
-            since_follow += len(jobs)
-            if since_follow < follow_every:
-                return
-            since_follow = 0
-            prefix = prefixes.preferred()
-            current = self.node
-            if prefix is None or current is None or current.prefix == prefix:
-                return
-            target = self.table.by_prefix(prefix)
-            if (target is None or target.priority >= LEAVING_PRIORITY
-                    or self.table.is_cooling(target.addr)):
-                return
-            try:
-                await self.use_node(target)
-                stats.switches += 1
-            except (DisqueError, OSError) as exc:
-                error(f"moving to {target.addr}: {exc}")
-
-        async def worker() -> None:
-            nonlocal reserved
-            while not stop.is_set():
-                want = reserve()
-                if want == 0:
-                    # every remaining job is reserved: stop once all were received, else
-                    # leave them to the worker still waiting for its reserved job
-                    if stats.received >= (max_jobs or 0):
-                        stop.set()
-                    return
-                try:
-                    jobs, node = await self.get_job_and_node(*qs, timeout=poll_ms, count=want,
-                                                            with_counters=with_counters)
-                except AuthError as exc:
-                    if max_jobs is not None:
-                        reserved -= want
-                    fatal.append(exc)
-                    stop.set()
-                    return
-                except DisqueError as exc:
-                    if max_jobs is not None:
-                        reserved -= want
-                    error(f"GETJOB: {exc}")
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(stop.wait(), error_backoff)
-                    continue
-                if max_jobs is not None:
-                    reserved -= want - len(jobs)
-                for job in jobs:
-                    stats.received += 1
-                    if working:
-                        beats.add(job.id, node, time.monotonic())
-                        wake.set()
-                    try:
-                        result = handler(job)
-                        if inspect.isawaitable(result):
-                            await result
-                    except Exception as exc:  # noqa: BLE001 - any failure means NACK
-                        beats.remove(job.id)
-                        log.warning("consumer.nack job=%s error=%r", job.id, exc)
-                        await finish(job, node, False)
-                    else:
-                        beats.remove(job.id)
-                        await finish(job, node, True)
-                if jobs and follow_producers:
-                    await follow(jobs)
-
-        async def heartbeat() -> None:
-            while True:
-                nxt = beats.next_due()
-                wait = 0.5 if nxt is None else max(0.0, nxt - time.monotonic())
-                wake.clear()
-                if wait > 0:
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(wake.wait(), min(wait, 0.5))
-                for entry in beats.due(time.monotonic()):
-                    try:
-                        if not entry.checked:
-                            show = await self.show(entry.job_id, node=entry.node)
-                            if entry.job_id in beats.jobs:
-                                beats.on_show(entry, show, time.monotonic())
-                            continue
-                        retry: int | None = await self.working(entry.job_id, node=entry.node)
-                        stats.working += 1
-                    except (NoJobError, TooLateError):
-                        retry = None
-                    except DisqueError as exc:
-                        error(f"WORKING {entry.job_id}: {exc}")
-                        retry = None
-                    if entry.job_id in beats.jobs:
-                        beats.on_working(entry, retry, time.monotonic())
-
-        loop = asyncio.get_running_loop()
-        installed: list[int] = []
-        if handle_signals:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                try:
-                    loop.add_signal_handler(sig, stop.set)
-                    installed.append(sig)
-                except (NotImplementedError, RuntimeError, ValueError):
-                    pass
-        beat_task = asyncio.create_task(heartbeat()) if working else None
-        try:
-            await asyncio.gather(*(worker() for _ in range(concurrency)))
-        finally:
-            stop.set()
-            if beat_task is not None:
-                beat_task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await beat_task
-            for signum in installed:
-                loop.remove_signal_handler(signum)
-        if fatal:
-            raise fatal[0]
-        return stats
+        names = consume_queues(queues, concurrency=concurrency, count=count, poll_ms=poll_ms,
+                               max_jobs=max_jobs)
+        core = consume_core(count=count, max_jobs=max_jobs, working=working,
+                            heartbeat_after=heartbeat_after, follow_producers=follow_producers,
+                            follow_every=follow_every, error_backoff=error_backoff)
+        fetch = Fetch(names, timeout_ms=poll_ms, with_counters=with_counters,
+                      concurrency=concurrency, signals=handle_signals)
+        driver = AsyncWorker(self, handler, fetch, core, EVENTS, stop_event)
+        await driver.run()
+        if driver.fatal is not None:
+            raise driver.fatal
+        return consume_stats(core)

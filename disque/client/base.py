@@ -189,6 +189,15 @@ class ClientBase:
         self.table.mark_failed(node.addr)
         return DisqueConnectionError(f"cannot use {node.addr}: {exc}", unreachable=True)
 
+    def node_for_prefix(self, prefix: str) -> Node | None:
+        """The node whose ID starts with job-ID `prefix`, if a consumer may move there now
+        (known, not leaving, not cooling down)."""
+        target = self.table.by_prefix(prefix)
+        if (target is None or target.priority >= LEAVING_PRIORITY
+                or self.table.is_cooling(target.addr)):
+            return None
+        return target
+
     def pick_after_hello(self, node: Node, hello: Hello) -> bool:
         """Merge HELLO from `node`; False when `node` is leaving and another is better."""
         self.table.update_from_hello(hello, node, add_nodes=self.discover)

@@ -121,7 +121,7 @@ def write_jobs(df: Any, queue: str, nodes: str | Iterable[str], body_col: str = 
 
     if method == "arrow":
         def produce_arrow(batches: Iterator[Any]) -> Iterator[Any]:
-            import pyarrow as pa
+            import pyarrow as pa  # type: ignore[import-untyped]
 
             partition = _task_partition()
             result = PartitionProducer(cfg, partition).run(
