@@ -45,7 +45,7 @@ T = TypeVar("T")
 NETWORK_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError, asyncio.TimeoutError)
 
 
-async def _read(conn: Any, timeout: float) -> Any:
+async def _read(conn: Connection, timeout: float) -> Any:
     """One reply within `timeout` seconds (math.inf: no limit). redis-py's own
     `read_response(timeout=t)` answers None on expiry and leaves the reply due on the
     connection (a "user" timeout); here expiry raises TimeoutError and, as read_response
@@ -421,7 +421,8 @@ class AsyncClient(ClientBase):
 
     # -- consumer ------------------------------------------------------------------------------
     async def consume(self, queues: str | bytes | Sequence[str | bytes],
-                      handler: Callable[[Job], Awaitable[Any] | Any], *, concurrency: int = 1,
+                      handler: Callable[[Job], Awaitable[object] | object], *,
+                      concurrency: int = 1,
                       stop_event: asyncio.Event | None = None, count: int = 1,
                       poll_ms: int = 1000, max_jobs: int | None = None, working: bool = True,
                       heartbeat_after: float = 0.2, follow_producers: bool = True,

@@ -25,7 +25,7 @@ import random
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from disque.client.errors import AuthError, DisqueConnectionError, DisqueError
 from disque.client.nodes import LEAVING_PRIORITY, Node, NodeTable, parse_nodes, url_password
@@ -329,7 +329,13 @@ class Attempts:
         return DisqueConnectionError(f"connection to {node.addr} lost: {exc}")
 
 
-def pack_pipeline(conn: Any, commands: Sequence[Sequence[Any]]) -> Any:
+class PacksCommands(Protocol):
+    """A redis-py connection, blocking or asyncio: what `pack_pipeline` falls back on."""
+
+    def pack_commands(self, commands: Iterable[Iterable[Any]]) -> list[bytes]: ...
+
+
+def pack_pipeline(conn: PacksCommands, commands: Sequence[Sequence[Any]]) -> list[bytes]:
     """Many commands as the bytes to write at once (what redis-py's Pipeline sends)."""
     if _hiredis_pack is not None:
         return [b"".join([_hiredis_pack(tuple(c)) for c in commands])]

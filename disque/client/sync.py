@@ -432,7 +432,7 @@ class Client(ClientBase):
 
     # -- consumer ------------------------------------------------------------------------------
     def consume(self, queues: str | bytes | Sequence[str | bytes],
-                handler: Callable[[Job], Any], *, concurrency: int = 1,
+                handler: Callable[[Job], object], *, concurrency: int = 1,
                 stop_event: threading.Event | None = None, **options: Any) -> ConsumeStats:
         """Run workers until `stop_event` is set, SIGINT/SIGTERM, or `max_jobs`: GETJOB,
         `handler(job)`, ACKJOB on success, NACK on exception, WORKING while a handler runs

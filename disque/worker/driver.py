@@ -91,7 +91,7 @@ class Driver:
     forced: Event
 
     def __init__(self, core: WorkerCore, fetch: Fetch, log: EventLog,
-                 lock: AbstractContextManager[Any]) -> None:
+                 lock: AbstractContextManager[object]) -> None:
         self.core = core
         self.fetch = fetch
         self.log = log
