@@ -82,11 +82,12 @@ class AsyncClient(ClientBase):
             self._pools[node.addr] = pool
         return pool
 
-    async def _renew_pool(self, node: Node) -> None:
-        """`node` refused HELLO 3: its next connections come from a RESP2 pool."""
-        pool = self._pools.pop(node.addr, None)
-        if pool is not None:
-            await pool.disconnect()
+    async def _renew_pool(self, node: Node, refused: aioredis.ConnectionPool) -> None:
+        """`node` refused HELLO 3 on a connection of pool `refused`: its next connections
+        come from a RESP2 pool (another task may have made it already)."""
+        if self._pools.get(node.addr) is refused:
+            del self._pools[node.addr]
+        await refused.disconnect(inuse_connections=False)
 
     async def connect(self) -> Node:
         return await self._current()
@@ -116,7 +117,7 @@ class AsyncClient(ClientBase):
             except (ResponseError, AuthenticationError) as exc:
                 if not self.resp3_refused(node, exc):
                     raise error_from_redis(exc) from None
-            await self._renew_pool(node)
+            await self._renew_pool(node, pool)
 
     async def _hello_on(self, node: Node) -> Hello:
         pool, conn = await self._connection(node)
@@ -186,7 +187,7 @@ class AsyncClient(ClientBase):
             except (ResponseError, AuthenticationError) as exc:  # the handshake was refused
                 if not self.resp3_refused(node, exc):
                     raise error_from_redis(exc) from None
-                await self._renew_pool(node)
+                await self._renew_pool(node, pool)
             except NETWORK_ERRORS as exc:
                 failure = attempts.connect_failed(node, exc)
                 if failure is not None:

@@ -149,9 +149,11 @@ class ClientBase:
     def resp3_refused(self, node: Node, exc: BaseException) -> bool:
         """A new connection to `node` failed its handshake with error reply `exc`. True
         when that is HELLO 3 refused and the client may choose: `node` is spoken to over
-        RESP2 from now on, its pool is to be made again (`pool_options`). False: `exc` is
-        the caller's error (a refused password, or HELLO 3 refused although asked for)."""
-        if self.protocol is not None or node.addr in self.resp2_nodes:
+        RESP2 from now on, its pool is to be made again (`pool_options`); also for another
+        connection of the refused pool, made concurrently (a RESP2 pool sends no HELLO, so
+        the retry ends). False: `exc` is the caller's error (a refused password, or HELLO 3
+        refused although the user asked for RESP3)."""
+        if self.protocol is not None:
             return False
         text = str(exc).lower()
         if not (text.startswith("noproto") or ("'hello'" in text and (

@@ -84,12 +84,13 @@ class Client(ClientBase):
                     self._pools[node.addr] = pool
         return pool
 
-    def _renew_pool(self, node: Node) -> None:
-        """`node` refused HELLO 3: its next connections come from a RESP2 pool."""
+    def _renew_pool(self, node: Node, refused: redis.ConnectionPool) -> None:
+        """`node` refused HELLO 3 on a connection of pool `refused`: its next connections
+        come from a RESP2 pool (another thread may have made it already)."""
         with self._lock:
-            pool = self._pools.pop(node.addr, None)
-        if pool is not None:
-            pool.disconnect()
+            if self._pools.get(node.addr) is refused:
+                del self._pools[node.addr]
+        refused.disconnect(inuse_connections=False)  # (one mid-handshake fails by itself)
 
     def connect(self) -> Node:
         """Connect now (if not yet) and return the node the client is on."""
@@ -118,7 +119,7 @@ class Client(ClientBase):
             except (ResponseError, AuthenticationError) as exc:
                 if not self.resp3_refused(node, exc):
                     raise error_from_redis(exc) from None
-            self._renew_pool(node)
+            self._renew_pool(node, pool)
 
     def _hello_on(self, node: Node) -> Hello:
         pool, conn = self._connection(node)
@@ -187,7 +188,7 @@ class Client(ClientBase):
             except (ResponseError, AuthenticationError) as exc:  # the handshake was refused
                 if not self.resp3_refused(node, exc):
                     raise error_from_redis(exc) from None
-                self._renew_pool(node)
+                self._renew_pool(node, pool)
             except NETWORK_ERRORS as exc:
                 failure = attempts.connect_failed(node, exc)
                 if failure is not None:

@@ -104,3 +104,15 @@ def test_write_jobs_partition_producer_falls_back_to_pipelined_addjob(
     assert (result.added, result.failed) == (120, 0), result.errors
     with Client(addr(original)) as c:
         assert c.qlen("wq") == 120
+
+
+def test_concurrent_first_connections_all_fall_back(original: OriginalDisqueProcess) -> None:
+    """Commands pinned to the node open connections at once from the refused RESP3 pool:
+    every one of them ends on the RESP2 pool, none fails."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with Client(addr(original)) as c, ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda i: c.add_jobs("q", [b"%d" % i], node=addr(original)),
+                                range(16)))
+        assert all(r.ok for r in results), [r.errors for r in results]
+        assert c.qlen("q") == 16

@@ -194,6 +194,14 @@ def test_hello_reply_lists_nodes_with_integer_port_and_priority():
                                      HelloNode("id2", "", 7712, 100)])
 
 
+@pytest.mark.parametrize("reply", [
+    [1, b"id1", [b"id1", b"", b"7711", b"1"]],  # the original over RESP2 (an empty IP)
+    [1, "id1", ["id1", "", 7711, 1]],           # decode_responses, integers for the numbers
+], ids=["resp2-bulk", "decoded-ints"])
+def test_hello_node_list_reads_the_same_in_either_protocol_or_decoding(reply: list) -> None:
+    assert replies.parse_hello(reply) == Hello(1, "id1", [HelloNode("id1", "", 7711, 1)])
+
+
 def test_hello_3_map_is_not_taken_for_disque_hello():
     with pytest.raises(ValueError):
         replies.parse_hello({b"server": b"disque"})
@@ -689,7 +697,8 @@ def test_a_node_refusing_hello_3_is_spoken_to_over_resp2_from_then_on(text: str)
     assert "protocol" not in c.pool_options(a)
     assert c.resp3_refused(a, ResponseError(text))
     assert c.pool_options(a)["protocol"] == 2 and "protocol" not in c.pool_options(b)
-    assert not c.resp3_refused(a, ResponseError(text))  # once: then it is the node's answer
+    # a concurrent connection of the refused pool: retried too (from the RESP2 pool)
+    assert c.resp3_refused(a, ResponseError(text)) and c.resp2_nodes == {a.addr}
 
 
 def test_resp2_fallback_never_overrides_an_explicit_protocol_or_other_errors() -> None:
