@@ -22,7 +22,6 @@ are two drivers of the decisions made here, once:
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -76,7 +75,8 @@ class ConsumeStats:
 
 
 class ClientBase:
-    """Settings and node bookkeeping; the I/O lives in `Client` and `AsyncClient`."""
+    """Settings, node bookkeeping and the connection decisions (see the module doc); the
+    I/O lives in `Client` and `AsyncClient`. The clock is the node table's."""
 
     def __init__(self, nodes: NodesSpec, *, password: str | None = None,
                  protocol: int | None = None, socket_timeout: float = 10.0,
@@ -203,14 +203,14 @@ class ClientBase:
     def pick_after_hello(self, node: Node, hello: Hello) -> bool:
         """Merge HELLO from `node`; False when `node` is leaving and another is better."""
         self.table.update_from_hello(hello, node, add_nodes=self.discover)
-        self.last_hello = time.monotonic()
+        self.last_hello = self.table.clock()
         if node.priority >= LEAVING_PRIORITY:
             return not any(n.priority < LEAVING_PRIORITY and not self.table.is_cooling(n.addr)
                            for n in self.table.nodes.values() if n is not node)
         return True
 
     def hello_due(self) -> bool:
-        return self.discover and time.monotonic() - self.last_hello > self.hello_interval
+        return self.discover and self.table.clock() - self.last_hello > self.hello_interval
 
     def resolve(self, node: Node | str | None) -> Node | None:
         """A Node, an address known to the table, or a new address (added, not a seed)."""
