@@ -1,5 +1,6 @@
 """The asyncio client: the same commands, node choice and failover rules as `Client`
-(see `disque.client.sync` for them), on redis-py's asyncio connection pools.
+(see `disque.client.sync` for them), on redis-py's asyncio connection pools. The decisions
+are `base`'s, shared with `Client`; this module only moves the bytes.
 
     async with AsyncClient("disque://127.0.0.1:7711,127.0.0.1:7712") as c:
         job_id = await c.add_job("q", b"payload")

@@ -243,9 +243,9 @@ class Connecting:
 
     __slots__ = ("client", "candidates", "fallback", "errors")
 
-    def __init__(self, client: ClientBase, exclude: Iterable[str] = ()) -> None:
+    def __init__(self, client: ClientBase) -> None:
         self.client = client
-        self.candidates = client.table.candidates(exclude)
+        self.candidates = client.table.candidates()
         self.fallback: Node | None = None  # a leaving node that answered
         self.errors: list[str] = []
 
