@@ -78,8 +78,9 @@ def original(tmp_path: Path) -> Iterator[OriginalDisqueProcess]:
     if path is None:
         pytest.skip(f"${ORIGINAL_ENV} does not name the original Disque's disque-server "
                     "(built from antirez/disque): nothing to test the RESP2 fallback against")
-    proc = OriginalDisqueProcess(tmp_path / "original", path).start()
+    proc = OriginalDisqueProcess(tmp_path / "original", path)
     try:
+        proc.start()
         yield proc
     finally:
         proc.kill()
