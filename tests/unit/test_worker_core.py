@@ -385,3 +385,19 @@ def test_following_names_the_producers_node_every_n_jobs() -> None:
     plain, _ = make()
     plain.fetched(other, here)
     assert plain.producers_prefix(here) is None  # following is off by default
+
+
+def test_consume_logs_the_drivers_events_through_stdlib_logging(
+        caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from disque.worker.driver import StdlibEvents
+
+    events = StdlibEvents(logging.getLogger("disque.client.consumer"))
+    with caplog.at_level(logging.INFO, logger="disque.client.consumer"):
+        events.warning("job.failed", job="D-1", error="ValueError('x y')", nack_delay=0)
+        events.info("worker.stopping", reason="SIGINT")
+    assert [r.getMessage() for r in caplog.records] == [
+        "job.failed job=D-1 error=\"ValueError('x y')\" nack_delay=0",
+        "worker.stopping reason=SIGINT"]
+    assert [r.levelname for r in caplog.records] == ["WARNING", "INFO"]
