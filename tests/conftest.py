@@ -8,7 +8,12 @@ import pytest
 from hypothesis import settings
 
 from tests import statecheck
-from tests.harness import DisqueProcess
+from tests.harness import (
+    ORIGINAL_ENV,
+    DisqueProcess,
+    OriginalDisqueProcess,
+    original_server_path,
+)
 from tests.hypothesis_profile import SUITE_PROFILE
 from tests.smalldisk import SmallDisk
 from tests.smalldisk import small_disk as make_small_disk
@@ -70,6 +75,22 @@ def server(tmp_path: Path) -> Iterator[DisqueProcess]:
     """A fresh single node on a free port, in its own directory, killed after the test."""
     proc = DisqueProcess(tmp_path / "node").start()
     try:
+        yield proc
+    finally:
+        proc.kill()
+
+
+@pytest.fixture
+def original(tmp_path: Path) -> Iterator[OriginalDisqueProcess]:
+    """A fresh node of antirez's original Disque ($DISQUE_ORIGINAL: the path of its
+    `disque-server`), killed after the test; the test is skipped when it is not set."""
+    path = original_server_path()
+    if path is None:
+        pytest.skip(f"${ORIGINAL_ENV} does not name the original Disque's disque-server "
+                    "(built from antirez/disque): nothing to test the RESP2 fallback against")
+    proc = OriginalDisqueProcess(tmp_path / "original", path)
+    try:
+        proc.start()
         yield proc
     finally:
         proc.kill()

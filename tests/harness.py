@@ -24,6 +24,10 @@ from disque.tools.ports import free_port  # noqa: F401 - re-exported
 
 REPO = Path(__file__).resolve().parent.parent
 
+# antirez's original Disque server (src/disque-server, built by hand; never part of this
+# repository). Tests that run against it take the `original` fixture, which skips without it.
+ORIGINAL_ENV = "DISQUE_ORIGINAL"
+
 
 
 
@@ -144,3 +148,42 @@ class DisqueProcess:
             except (TimeoutError, ConnectionResetError):
                 pass
             return b"".join(chunks)
+
+
+def original_server_path() -> str | None:
+    """The original Disque's `disque-server` named by $DISQUE_ORIGINAL, if it is executable."""
+    path = os.environ.get(ORIGINAL_ENV)
+    if path and os.path.isfile(path) and os.access(path, os.X_OK):
+        return path
+    return None
+
+
+class OriginalDisqueProcess(DisqueProcess):
+    """antirez's Disque (`$DISQUE_ORIGINAL`) on a free port in its own directory: it speaks
+    RESP2 only (it refuses `HELLO 3`) and has no ADDJOBS, which is what the client's
+    fallbacks are tested against."""
+
+    def __init__(self, workdir: Path, executable: str, **kw: Any) -> None:
+        super().__init__(workdir, **kw)
+        self.executable = executable
+
+    def command(self) -> list[str]:
+        cmd = [self.executable]
+        if self.config_text is not None:
+            conf = self.workdir / "disque.conf"
+            conf.write_text(self.config_text)
+            cmd.append(str(conf))
+        return cmd + ["--port", str(self.port), "--dir", str(self.workdir)] + self.args
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Up once it answers PING (or -NOAUTH, with a password)."""
+        def ready() -> bool:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
+                    s.sendall(b"*1\r\n$4\r\nPING\r\n")
+                    return s.recv(64).startswith((b"+PONG", b"-NOAUTH"))
+            except OSError:
+                return False
+        wait_for(ready, timeout=timeout, what=f"the original disque-server on port {self.port}")

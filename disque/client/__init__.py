@@ -10,7 +10,8 @@
 
 How it is built (the spec's "Client libraries" section):
 - Connections are redis-py's (hiredis parses replies and packs commands when installed), one
-  pool per node; both RESP2 and RESP3 (`protocol=2|3`) work.
+  pool per node; both RESP2 and RESP3 (`protocol=2|3`) work, and a node that refuses
+  redis-py's `HELLO 3` handshake (antirez's Disque) gets RESP2 without being asked.
 - The client connects to a random reachable node, sends HELLO and keeps the cluster's node
   list from it, preferring nodes with the lowest priority (`nodes.NodeTable`).
 - `-LEAVING` and lost connections move it to another node; a command is sent again only where
@@ -22,7 +23,8 @@ How it is built (the spec's "Client libraries" section):
 - `consume()` runs workers with ACK / NACK / WORKING and moves next to the producers.
 
 Modules: `calls` (what each command sends and how its reply is read), `replies`, `errors`,
-`nodes`, `batch` (all pure), `sync` / `aio` (the I/O), `consumer`.
+`nodes`, `batch`, `base` (settings and every connection and failover decision: all pure),
+`sync` / `aio` (the I/O that drives them), `consumer`.
 """
 
 from disque.client.aio import AsyncClient

@@ -1,5 +1,6 @@
 """The asyncio client: the same commands, node choice and failover rules as `Client`
-(see `disque.client.sync` for them), on redis-py's asyncio connection pools.
+(see `disque.client.sync` for them), on redis-py's asyncio connection pools. The decisions
+are `base`'s, shared with `Client`; this module only moves the bytes.
 
     async with AsyncClient("disque://127.0.0.1:7711,127.0.0.1:7712") as c:
         job_id = await c.add_job("q", b"payload")
@@ -10,16 +11,12 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import inspect
-import logging
 import math
-import signal
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
+from redis.asyncio.connection import AbstractConnection as Connection
 from redis.exceptions import AuthenticationError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -29,31 +26,27 @@ from disque.client.base import (
     AddJobsResult,
     Attempts,
     ClientBase,
+    Connecting,
     ConsumeStats,
     NodesSpec,
     pack_pipeline,
 )
 from disque.client.batch import AddJobsBatch
 from disque.client.calls import Call
-from disque.client.consumer import Heartbeats, consume_queues
 from disque.client.errors import (
-    AuthError,
     DisqueConnectionError,
     DisqueError,
     LeavingError,
-    NoJobError,
-    TooLateError,
     error_from_redis,
 )
-from disque.client.nodes import LEAVING_PRIORITY, Node, PrefixStats
+from disque.client.nodes import Node
 from disque.client.replies import Hello, Job
 
 T = TypeVar("T")
 NETWORK_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError, asyncio.TimeoutError)
-log = logging.getLogger("disque.client.aio")
 
 
-async def _read(conn: Any, timeout: float) -> Any:
+async def _read(conn: Connection, timeout: float) -> Any:
     """One reply within `timeout` seconds (math.inf: no limit). redis-py's own
     `read_response(timeout=t)` answers None on expiry and leaves the reply due on the
     connection (a "user" timeout); here expiry raises TimeoutError and, as read_response
@@ -81,14 +74,21 @@ class AsyncClient(ClientBase):
         t = self.read_timeout(blocking_ms)
         return math.inf if t is None else t
 
-    # -- connection management ----------------------------------------------------------------
+    # -- connection management (the decisions are `ClientBase`'s and `Connecting`'s) --------
     def _pool(self, node: Node) -> aioredis.ConnectionPool:
         pool = self._pools.get(node.addr)
         if pool is None:
             pool = aioredis.ConnectionPool(host=node.host, port=node.port,
-                                           **self.connection_kwargs)
+                                           **self.pool_options(node))
             self._pools[node.addr] = pool
         return pool
+
+    async def _renew_pool(self, node: Node, refused: aioredis.ConnectionPool) -> None:
+        """`node` refused HELLO 3 on a connection of pool `refused`: its next connections
+        come from a RESP2 pool (another task may have made it already)."""
+        if self._pools.get(node.addr) is refused:
+            del self._pools[node.addr]
+        await refused.disconnect(inuse_connections=False)
 
     async def connect(self) -> Node:
         return await self._current()
@@ -108,9 +108,20 @@ class AsyncClient(ClientBase):
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
+    async def _connection(self, node: Node) -> tuple[aioredis.ConnectionPool, Connection]:
+        """A connection to `node`, handshake done (over RESP2 if it refuses HELLO 3).
+        Raises network errors as redis-py does, a refused handshake as `DisqueError`."""
+        while True:
+            pool = self._pool(node)
+            try:
+                return pool, await pool.get_connection()
+            except (ResponseError, AuthenticationError) as exc:
+                if not self.resp3_refused(node, exc):
+                    raise error_from_redis(exc) from None
+            await self._renew_pool(node, pool)
+
     async def _hello_on(self, node: Node) -> Hello:
-        pool = self._pool(node)
-        conn = await pool.get_connection()
+        pool, conn = await self._connection(node)
         try:
             await conn.send_command("HELLO", check_health=False)
             return replies.parse_hello(await conn.read_response())
@@ -123,28 +134,19 @@ class AsyncClient(ClientBase):
             await pool.release(conn)
 
     async def _connect(self) -> Node:
-        fallback: Node | None = None
-        errors: list[str] = []
-        for node in self.table.candidates():
+        """Ask the candidates for HELLO in turn until the client is on one (`Connecting`)."""
+        search = Connecting(self)
+        for node in search.candidates:
             try:
                 hello = await self._hello_on(node)
-            except AuthenticationError as exc:
-                raise error_from_redis(exc) from None
             except (*NETWORK_ERRORS, DisqueError) as exc:
-                errors.append(f"{node.addr}: {exc}")
-                self.table.mark_failed(node.addr)
+                failure = search.refused(node, exc)
+                if failure is not None:
+                    raise failure from None
                 continue
-            self.table.mark_ok(node.addr)
-            if self.pick_after_hello(node, hello):
-                self.node = node
+            if search.answered(node, hello):
                 return node
-            fallback = fallback or node
-        if fallback is not None:
-            self.node = fallback
-            return fallback
-        raise DisqueConnectionError("no reachable node among "
-                                    f"{', '.join(self.seeds)}: {'; '.join(errors)}",
-                                    unreachable=True)
+        return search.give_up()
 
     async def _current(self) -> Node:
         node = self.node
@@ -155,46 +157,38 @@ class AsyncClient(ClientBase):
                 node = self.node or await self._connect()
         elif self.hello_due():
             try:
-                ok = self.pick_after_hello(node, await self._hello_on(node))
+                hello: Hello | None = await self._hello_on(node)
             except (*NETWORK_ERRORS, DisqueError):
-                ok = False
-                self.table.mark_failed(node.addr)
-            if not ok and self.node is node:
-                self.node = None
+                hello = None
+            if not self.refreshed(node, hello):
                 node = await self._current()
         return node
-
-    def _node_failed(self, node: Node) -> None:
-        self.table.mark_failed(node.addr)
-        if self.node is node:
-            self.node = None
 
     async def use_node(self, node: Node | str) -> Node:
         target = self.resolve(node)
         assert target is not None
         try:
             hello = await self._hello_on(target)
-        except AuthenticationError as exc:
-            raise error_from_redis(exc) from None
         except NETWORK_ERRORS as exc:
-            self.table.mark_failed(target.addr)
-            raise DisqueConnectionError(f"cannot use {target.addr}: {exc}",
-                                        unreachable=True) from exc
-        self.pick_after_hello(target, hello)
-        self.node = target
+            raise self.unusable(target, exc) from exc
+        self.use(target, hello)
         return target
 
     # -- sending -------------------------------------------------------------------------------
-    async def _checkout(self, attempts: Attempts) -> tuple[Node, Any, Any]:
+    async def _checkout(self, attempts: Attempts
+                        ) -> tuple[Node, aioredis.ConnectionPool, Connection]:
         """(node, pool, connection) for the next attempt; raises DisqueConnectionError when
-        the failover policy gives up connecting (nothing was sent)."""
+        the failover policy gives up connecting (nothing was sent). (`_connection` inlined:
+        this is every command's path.)"""
         while True:
             node = attempts.required() or await self._current()
             pool = self._pool(node)
             try:
                 return node, pool, await pool.get_connection()
-            except AuthenticationError as exc:
-                raise error_from_redis(exc) from None
+            except (ResponseError, AuthenticationError) as exc:  # the handshake was refused
+                if not self.resp3_refused(node, exc):
+                    raise error_from_redis(exc) from None
+                await self._renew_pool(node, pool)
             except NETWORK_ERRORS as exc:
                 failure = attempts.connect_failed(node, exc)
                 if failure is not None:
@@ -295,9 +289,9 @@ class AsyncClient(ClientBase):
                     batch.take(command, reply, node)
             except NETWORK_ERRORS as exc:
                 await conn.disconnect()
-                failure = attempts.lost(node, exc)
-                if failure is not None:
-                    batch.fail(batch.pending(todo), failure)
+                lost = attempts.lost(node, exc)
+                if lost is not None:
+                    batch.fail(batch.pending(todo), lost)
                     return
             finally:
                 await pool.release(conn)
@@ -332,18 +326,14 @@ class AsyncClient(ClientBase):
         return await self._run(calls.get_job(queues, timeout=timeout, count=count,
                                              nohang=nohang, with_counters=with_counters))
 
-    async def _get_job_from(self, queues: Sequence[str | bytes], **kw: Any
-                            ) -> tuple[list[Job], Node]:
-        call = calls.get_job(queues, **kw)
-        reply, node = await self._execute(call.args, call.safe, call.blocking_ms)
-        return call.parse(reply), node
-
     async def get_job_and_node(self, *queues: str | bytes, timeout: int | None = None,
                                count: int | None = None, nohang: bool = False,
                                with_counters: bool = False) -> tuple[list[Job], Node]:
         """`get_job`, and the node that delivered the jobs (see `Client.get_job_and_node`)."""
-        return await self._get_job_from(queues, timeout=timeout, count=count, nohang=nohang,
-                                        with_counters=with_counters)
+        call = calls.get_job(queues, timeout=timeout, count=count, nohang=nohang,
+                             with_counters=with_counters)
+        reply, node = await self._execute(call.args, call.safe, call.blocking_ms)
+        return call.parse(reply), node
 
     async def ack_job(self, *ids: str | bytes, node: Node | str | None = None) -> int:
         return await self._run(calls.ack_job(*ids), node)
@@ -433,175 +423,29 @@ class AsyncClient(ClientBase):
 
     # -- consumer ------------------------------------------------------------------------------
     async def consume(self, queues: str | bytes | Sequence[str | bytes],
-                      handler: Callable[[Job], Awaitable[Any] | Any], *, concurrency: int = 1,
+                      handler: Callable[[Job], Awaitable[object] | object], *,
+                      concurrency: int = 1,
                       stop_event: asyncio.Event | None = None, count: int = 1,
                       poll_ms: int = 1000, max_jobs: int | None = None, working: bool = True,
                       heartbeat_after: float = 0.2, follow_producers: bool = True,
                       follow_every: int = 100, handle_signals: bool = True,
                       with_counters: bool = True, error_backoff: float = 0.5) -> ConsumeStats:
         """The asyncio twin of `Client.consume`: `concurrency` tasks; `handler` may be a
-        coroutine function or a plain function. Bad arguments raise ValueError at once."""
-        qs = consume_queues(queues, concurrency=concurrency, count=count, poll_ms=poll_ms,
-                            max_jobs=max_jobs)
-        stop = stop_event or asyncio.Event()
-        stats = ConsumeStats()
-        beats = Heartbeats(first_check=heartbeat_after)
-        prefixes = PrefixStats()
-        reserved = 0
-        since_follow = 0
-        wake = asyncio.Event()
-        fatal: list[AuthError] = []  # a refused password stops every worker (consumer.py)
+        coroutine function or a plain function. Bad arguments raise ValueError at once.
+        (The worker's asyncio driver runs the consume policy: see `disque.client.consumer`.)"""
+        from disque.client.consumer import EVENTS, consume_core, consume_queues, consume_stats
+        from disque.worker.aio import AsyncWorker
+        from disque.worker.driver import Fetch
 
-        def reserve() -> int:
-            nonlocal reserved
-            if max_jobs is None:
-                return count
-            want = min(count, max_jobs - reserved)
-            if want <= 0:
-                return 0
-            reserved += want
-            return want
-
-        def error(text: str) -> None:
-            log.warning("consumer.error %s", text)
-            if len(stats.errors) < 100:
-                stats.errors.append(text)
-
-        async def finish(job: Job, node: Node, ok: bool) -> None:
-            try:
-                if ok:
-                    await self.ack_job(job.id, node=node)
-                    stats.acked += 1
-                else:
-                    await self.nack(job.id, node=node)
-                    stats.nacked += 1
-            except DisqueError as exc:
-                problem = exc
-            else:
-                return
-            if ok:
-                try:
-                    await self.ack_job(job.id)
-                    stats.acked += 1
-                    return
-                except DisqueError as exc:
-                    problem = exc
-            error(f"{job.id}: {problem}")
-
-        async def follow(jobs: list[Job]) -> None:
-            nonlocal since_follow
-            for job in jobs:
-                prefixes.observe(job.id)
-            since_follow += len(jobs)
-            if since_follow < follow_every:
-                return
-            since_follow = 0
-            prefix = prefixes.preferred()
-            current = self.node
-            if prefix is None or current is None or current.prefix == prefix:
-                return
-            target = self.table.by_prefix(prefix)
-            if (target is None or target.priority >= LEAVING_PRIORITY
-                    or self.table.is_cooling(target.addr)):
-                return
-            try:
-                await self.use_node(target)
-                stats.switches += 1
-            except (DisqueError, OSError) as exc:
-                error(f"moving to {target.addr}: {exc}")
-
-        async def worker() -> None:
-            nonlocal reserved
-            while not stop.is_set():
-                want = reserve()
-                if want == 0:
-                    # every remaining job is reserved: stop once all were received, else
-                    # leave them to the worker still waiting for its reserved job
-                    if stats.received >= (max_jobs or 0):
-                        stop.set()
-                    return
-                try:
-                    jobs, node = await self._get_job_from(qs, timeout=poll_ms, count=want,
-                                                          with_counters=with_counters)
-                except AuthError as exc:
-                    if max_jobs is not None:
-                        reserved -= want
-                    fatal.append(exc)
-                    stop.set()
-                    return
-                except DisqueError as exc:
-                    if max_jobs is not None:
-                        reserved -= want
-                    error(f"GETJOB: {exc}")
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(stop.wait(), error_backoff)
-                    continue
-                if max_jobs is not None:
-                    reserved -= want - len(jobs)
-                for job in jobs:
-                    stats.received += 1
-                    if working:
-                        beats.add(job.id, node, time.monotonic())
-                        wake.set()
-                    try:
-                        result = handler(job)
-                        if inspect.isawaitable(result):
-                            await result
-                    except Exception as exc:  # noqa: BLE001 - any failure means NACK
-                        beats.remove(job.id)
-                        log.warning("consumer.nack job=%s error=%r", job.id, exc)
-                        await finish(job, node, False)
-                    else:
-                        beats.remove(job.id)
-                        await finish(job, node, True)
-                if jobs and follow_producers:
-                    await follow(jobs)
-
-        async def heartbeat() -> None:
-            while True:
-                nxt = beats.next_due()
-                wait = 0.5 if nxt is None else max(0.0, nxt - time.monotonic())
-                wake.clear()
-                if wait > 0:
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(wake.wait(), min(wait, 0.5))
-                for entry in beats.due(time.monotonic()):
-                    try:
-                        if not entry.checked:
-                            show = await self.show(entry.job_id, node=entry.node)
-                            if entry.job_id in beats.jobs:
-                                beats.on_show(entry, show, time.monotonic())
-                            continue
-                        retry: int | None = await self.working(entry.job_id, node=entry.node)
-                        stats.working += 1
-                    except (NoJobError, TooLateError):
-                        retry = None
-                    except DisqueError as exc:
-                        error(f"WORKING {entry.job_id}: {exc}")
-                        retry = None
-                    if entry.job_id in beats.jobs:
-                        beats.on_working(entry, retry, time.monotonic())
-
-        loop = asyncio.get_running_loop()
-        installed: list[int] = []
-        if handle_signals:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                try:
-                    loop.add_signal_handler(sig, stop.set)
-                    installed.append(sig)
-                except (NotImplementedError, RuntimeError, ValueError):
-                    pass
-        beat_task = asyncio.create_task(heartbeat()) if working else None
-        try:
-            await asyncio.gather(*(worker() for _ in range(concurrency)))
-        finally:
-            stop.set()
-            if beat_task is not None:
-                beat_task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await beat_task
-            for signum in installed:
-                loop.remove_signal_handler(signum)
-        if fatal:
-            raise fatal[0]
-        return stats
+        names = consume_queues(queues, concurrency=concurrency, count=count, poll_ms=poll_ms,
+                               max_jobs=max_jobs)
+        core = consume_core(count=count, max_jobs=max_jobs, working=working,
+                            heartbeat_after=heartbeat_after, follow_producers=follow_producers,
+                            follow_every=follow_every, error_backoff=error_backoff)
+        fetch = Fetch(names, timeout_ms=poll_ms, with_counters=with_counters,
+                      concurrency=concurrency, signals=handle_signals)
+        driver = AsyncWorker(self, handler, fetch, core, EVENTS, stop_event)
+        await driver.run()
+        if driver.fatal is not None:
+            raise driver.fatal
+        return consume_stats(core)

@@ -1,23 +1,36 @@
-"""What the blocking and the asyncio client share: settings, the node table, result records.
+"""What the blocking and the asyncio client share: settings, the node table, result records,
+and every connection decision, without I/O.
 
 Neither client owns a socket of its own: each node gets a redis-py connection pool (hiredis
 parsing and command packing when hiredis is installed), and a client is "on" one node at a
-time (`node`), chosen by `NodeTable` and refreshed from HELLO.
+time (`node`), chosen by `NodeTable` and refreshed from HELLO. `Client` and `AsyncClient`
+are two drivers of the decisions made here, once:
+
+- `Connecting`: one search for the node to be on. Candidates in the table's order; one that
+  does not answer HELLO cools down and the next is tried; a refused password ends the
+  search; a node that is leaving is used only if no other answers.
+- `ClientBase.refreshed` / `use`: HELLO every `hello_interval` seconds on the current node
+  (a leaving or silent node is left), and the move to a chosen node.
+- `Attempts`: the failover of one command or batch (which node, resend or give up).
+- `ClientBase.resp3_refused`: redis-py opens a connection with `HELLO 3`. A node that refuses
+  it (antirez's Disque answers "wrong number of arguments for 'hello' command", older
+  servers "unknown command", or -NOPROTO) is spoken to over RESP2 from then on, without the
+  user saying so; an explicit `protocol=` is never overridden. HELLO's node list reads the
+  same in both protocols (`replies.parse_hello`).
 """
 
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from disque.client.errors import DisqueConnectionError, DisqueError
+from disque.client.errors import AuthError, DisqueConnectionError, DisqueError
 from disque.client.nodes import LEAVING_PRIORITY, Node, NodeTable, parse_nodes, url_password
 from disque.client.replies import Hello
 
-_hiredis_pack: Any
+_hiredis_pack: Any  # hiredis' C function, or None
 try:  # hiredis packs a command ~5x faster than redis-py's own packer calling it per argument
     from hiredis import pack_command as _hiredis_pack
 except ImportError:  # pragma: no cover - redis-py without hiredis
@@ -62,7 +75,8 @@ class ConsumeStats:
 
 
 class ClientBase:
-    """Settings and node bookkeeping; the I/O lives in `Client` and `AsyncClient`."""
+    """Settings, node bookkeeping and the connection decisions (see the module doc); the
+    I/O lives in `Client` and `AsyncClient`. The clock is the node table's."""
 
     def __init__(self, nodes: NodesSpec, *, password: str | None = None,
                  protocol: int | None = None, socket_timeout: float = 10.0,
@@ -89,6 +103,8 @@ class ClientBase:
         if max_connections is not None:
             kwargs["max_connections"] = max_connections
         self.connection_kwargs = kwargs
+        self.protocol = protocol  # as the user gave it: None lets a node choose (see below)
+        self.resp2_nodes: set[str] = set()  # addresses that refused HELLO 3: spoken RESP2
         self.node: Node | None = None  # the node commands go to; None until connected
         self.last_hello = 0.0
         # address -> whether the node has ADDJOBS, once a batch found out (see `batch`)
@@ -122,17 +138,79 @@ class ClientBase:
             return None
         return blocking_ms / 1000.0 + self.socket_timeout
 
+    # -- the connection decisions (see the module doc) ---------------------------------------
+    def pool_options(self, node: Node) -> dict[str, Any]:
+        """The keyword arguments of `node`'s connection pool: RESP2 for a node that refused
+        HELLO 3 (`resp3_refused`)."""
+        if node.addr in self.resp2_nodes:
+            return dict(self.connection_kwargs, protocol=2)
+        return self.connection_kwargs
+
+    def resp3_refused(self, node: Node, exc: BaseException) -> bool:
+        """A new connection to `node` failed its handshake with error reply `exc`. True
+        when that is HELLO 3 refused and the client may choose: `node` is spoken to over
+        RESP2 from now on, its pool is to be made again (`pool_options`); also for another
+        connection of the refused pool, made concurrently (a RESP2 pool sends no HELLO, so
+        the retry ends). False: `exc` is the caller's error (a refused password, or HELLO 3
+        refused although the user asked for RESP3)."""
+        if self.protocol is not None:
+            return False
+        text = str(exc).lower()
+        if not (text.startswith("noproto") or ("'hello'" in text and (
+                "wrong number of arguments" in text or "unknown command" in text))):
+            return False
+        self.resp2_nodes.add(node.addr)
+        return True
+
+    def node_failed(self, node: Node) -> None:
+        """`node` refused a connection, dropped one or said -LEAVING: it cools down, and the
+        client leaves it if it was on it (the next command finds another)."""
+        self.table.mark_failed(node.addr)
+        if self.node is node:
+            self.node = None
+
+    def refreshed(self, node: Node, hello: Hello | None) -> bool:
+        """The periodic HELLO on the current `node` answered `hello` (None: it failed).
+        False when the client left `node` (silent, or leaving while others are not)."""
+        if hello is None:
+            self.table.mark_failed(node.addr)
+            ok = False
+        else:
+            ok = self.pick_after_hello(node, hello)
+        if not ok and self.node is node:
+            self.node = None
+        return ok
+
+    def use(self, node: Node, hello: Hello) -> None:
+        """`use_node`: `node` answered HELLO; the client is on it now."""
+        self.pick_after_hello(node, hello)
+        self.node = node
+
+    def unusable(self, node: Node, exc: BaseException) -> DisqueConnectionError:
+        """`use_node`: no connection to `node`; the error to raise."""
+        self.table.mark_failed(node.addr)
+        return DisqueConnectionError(f"cannot use {node.addr}: {exc}", unreachable=True)
+
+    def node_for_prefix(self, prefix: str) -> Node | None:
+        """The node whose ID starts with job-ID `prefix`, if a consumer may move there now
+        (known, not leaving, not cooling down)."""
+        target = self.table.by_prefix(prefix)
+        if (target is None or target.priority >= LEAVING_PRIORITY
+                or self.table.is_cooling(target.addr)):
+            return None
+        return target
+
     def pick_after_hello(self, node: Node, hello: Hello) -> bool:
         """Merge HELLO from `node`; False when `node` is leaving and another is better."""
         self.table.update_from_hello(hello, node, add_nodes=self.discover)
-        self.last_hello = time.monotonic()
+        self.last_hello = self.table.clock()
         if node.priority >= LEAVING_PRIORITY:
             return not any(n.priority < LEAVING_PRIORITY and not self.table.is_cooling(n.addr)
                            for n in self.table.nodes.values() if n is not node)
         return True
 
     def hello_due(self) -> bool:
-        return self.discover and time.monotonic() - self.last_hello > self.hello_interval
+        return self.discover and self.table.clock() - self.last_hello > self.hello_interval
 
     def resolve(self, node: Node | str | None) -> Node | None:
         """A Node, an address known to the table, or a new address (added, not a seed)."""
@@ -144,6 +222,60 @@ class ClientBase:
             found = Node(host, port)
             self.table.nodes[found.addr] = found
         return found
+
+
+class Connecting:
+    """One search for the node to be on, without I/O. The driver asks each candidate for
+    HELLO in turn and reports the answer or the failure:
+
+        search = Connecting(client)
+        for node in search.candidates:
+            try:
+                hello = <HELLO on node>
+            except <network error or DisqueError> as exc:
+                if (failure := search.refused(node, exc)) is not None:
+                    raise failure
+                continue
+            if search.answered(node, hello):
+                return node
+        return search.give_up()
+    """
+
+    __slots__ = ("client", "candidates", "fallback", "errors")
+
+    def __init__(self, client: ClientBase) -> None:
+        self.client = client
+        self.candidates = client.table.candidates()
+        self.fallback: Node | None = None  # a leaving node that answered
+        self.errors: list[str] = []
+
+    def refused(self, node: Node, exc: BaseException) -> DisqueError | None:
+        """`node` did not answer HELLO: None to try the next candidate (it cools down), or
+        the error that ends the search (a refused password does not heal elsewhere)."""
+        if isinstance(exc, AuthError):
+            return exc
+        self.errors.append(f"{node.addr}: {exc}")
+        self.client.table.mark_failed(node.addr)
+        return None
+
+    def answered(self, node: Node, hello: Hello) -> bool:
+        """`node` answered `hello`: True when the client is on it now (search over)."""
+        client = self.client
+        client.table.mark_ok(node.addr)
+        if client.pick_after_hello(node, hello):
+            client.node = node
+            return True
+        self.fallback = self.fallback or node  # leaving: only if nothing better answers
+        return False
+
+    def give_up(self) -> Node:
+        """Every candidate was tried: on the leaving node that answered, else raise."""
+        if self.fallback is not None:
+            self.client.node = self.fallback
+            return self.fallback
+        raise DisqueConnectionError("no reachable node among "
+                                    f"{', '.join(self.client.seeds)}: {'; '.join(self.errors)}",
+                                    unreachable=True)
 
 
 class Attempts:
@@ -160,8 +292,8 @@ class Attempts:
 
     __slots__ = ("client", "safe", "pinned", "count", "again")
 
-    def __init__(self, client: Any, safe: bool, pinned: Node | None) -> None:
-        self.client = client  # has .retries, .table and ._node_failed(node)
+    def __init__(self, client: ClientBase, safe: bool, pinned: Node | None) -> None:
+        self.client = client
         self.safe = safe
         self.pinned = pinned
         self.count = 0
@@ -176,7 +308,7 @@ class Attempts:
     def connect_failed(self, node: Node, exc: BaseException) -> DisqueConnectionError | None:
         """No connection to `node`: None to try again (elsewhere), else the error to raise."""
         client = self.client
-        client._node_failed(node)
+        client.node_failed(node)
         self.count += 1
         if self.pinned is not None or self.count > client.retries + len(client.table):
             return DisqueConnectionError(f"cannot connect to {node.addr}: {exc}",
@@ -185,7 +317,7 @@ class Attempts:
 
     def leaving(self, node: Node) -> bool:
         """`node` answered -LEAVING: True to send the command to another node."""
-        self.client._node_failed(node)
+        self.client.node_failed(node)
         self.count += 1
         return self.safe and self.pinned is None and self.count <= self.client.retries
 
@@ -195,11 +327,17 @@ class Attempts:
         if self.safe and self.count <= self.client.retries:
             self.again = node
             return None
-        self.client._node_failed(node)
+        self.client.node_failed(node)
         return DisqueConnectionError(f"connection to {node.addr} lost: {exc}")
 
 
-def pack_pipeline(conn: Any, commands: Sequence[Sequence[Any]]) -> Any:
+class PacksCommands(Protocol):
+    """A redis-py connection, blocking or asyncio: what `pack_pipeline` falls back on."""
+
+    def pack_commands(self, commands: Iterable[Iterable[Any]]) -> list[bytes]: ...
+
+
+def pack_pipeline(conn: PacksCommands, commands: Sequence[Sequence[Any]]) -> list[bytes]:
     """Many commands as the bytes to write at once (what redis-py's Pipeline sends)."""
     if _hiredis_pack is not None:
         return [b"".join([_hiredis_pack(tuple(c)) for c in commands])]

@@ -25,8 +25,11 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from disque.client.replies import Hello
 
 DEFAULT_PORT = 7711
 LEAVING_PRIORITY = 100
@@ -184,7 +187,7 @@ class NodeTable:
         return self.down_until.get(addr, 0.0) > self.clock()
 
     # -- HELLO -------------------------------------------------------------------------------
-    def update_from_hello(self, hello: Any, via: Node, add_nodes: bool = True) -> None:
+    def update_from_hello(self, hello: Hello, via: Node, add_nodes: bool = True) -> None:
         """Merge a HELLO reply (see `replies.Hello`) received from node `via`.
 
         Nodes HELLO lists are added or updated; a node with an empty IP (a node bound to a

@@ -9,7 +9,12 @@ send, read, give the connection back. What happens on trouble:
   (see `calls`) is sent again, first to the same node if it still accepts connections (a
   DEDUP'ed ADDJOB is only idempotent there), else to another; an unsafe one raises
   `DisqueConnectionError` / `LeavingError` so the caller decides;
+- the handshake is refused: a node that refuses `HELLO 3` gets a RESP2 pool (see `base`),
+  any other refusal (a password) raises its typed exception;
 - any other error reply raises its typed exception and changes nothing.
+
+Those decisions (and which node to connect to, what HELLO says) are `base`'s, shared with
+`AsyncClient`; this module only moves the bytes.
 
 A client is safe to share between threads: each command uses its own pooled connection.
 """
@@ -21,6 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import redis
+from redis.connection import Connection
 from redis.exceptions import AuthenticationError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -30,18 +36,14 @@ from disque.client.base import (
     AddJobsResult,
     Attempts,
     ClientBase,
+    Connecting,
     ConsumeStats,
     NodesSpec,
     pack_pipeline,
 )
 from disque.client.batch import AddJobsBatch
 from disque.client.calls import Call
-from disque.client.errors import (
-    DisqueConnectionError,
-    DisqueError,
-    LeavingError,
-    error_from_redis,
-)
+from disque.client.errors import DisqueConnectionError, DisqueError, LeavingError, error_from_redis
 from disque.client.nodes import Node
 from disque.client.replies import Hello, Job
 
@@ -70,7 +72,7 @@ class Client(ClientBase):
     def from_url(cls, url: str, **kwargs: Any) -> Client:
         return cls(url, **kwargs)
 
-    # -- connection management ----------------------------------------------------------------
+    # -- connection management (the decisions are `ClientBase`'s and `Connecting`'s) --------
     def _pool(self, node: Node) -> redis.ConnectionPool:
         pool = self._pools.get(node.addr)
         if pool is None:
@@ -78,9 +80,17 @@ class Client(ClientBase):
                 pool = self._pools.get(node.addr)
                 if pool is None:
                     pool = redis.ConnectionPool(host=node.host, port=node.port,
-                                                **self.connection_kwargs)
+                                                **self.pool_options(node))
                     self._pools[node.addr] = pool
         return pool
+
+    def _renew_pool(self, node: Node, refused: redis.ConnectionPool) -> None:
+        """`node` refused HELLO 3 on a connection of pool `refused`: its next connections
+        come from a RESP2 pool (another thread may have made it already)."""
+        with self._lock:
+            if self._pools.get(node.addr) is refused:
+                del self._pools[node.addr]
+        refused.disconnect(inuse_connections=False)  # (one mid-handshake fails by itself)
 
     def connect(self) -> Node:
         """Connect now (if not yet) and return the node the client is on."""
@@ -99,9 +109,20 @@ class Client(ClientBase):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _connection(self, node: Node) -> tuple[redis.ConnectionPool, Connection]:
+        """A connection to `node`, handshake done (over RESP2 if it refuses HELLO 3).
+        Raises network errors as redis-py does, a refused handshake as `DisqueError`."""
+        while True:
+            pool = self._pool(node)
+            try:
+                return pool, pool.get_connection()
+            except (ResponseError, AuthenticationError) as exc:
+                if not self.resp3_refused(node, exc):
+                    raise error_from_redis(exc) from None
+            self._renew_pool(node, pool)
+
     def _hello_on(self, node: Node) -> Hello:
-        pool = self._pool(node)
-        conn = pool.get_connection()
+        pool, conn = self._connection(node)
         try:
             conn.send_command("HELLO", check_health=False)
             return replies.parse_hello(conn.read_response())
@@ -113,30 +134,20 @@ class Client(ClientBase):
         finally:
             pool.release(conn)
 
-    def _connect(self, exclude: Sequence[str] = ()) -> Node:
-        """Try the candidates in order until one answers HELLO; become its client."""
-        fallback: Node | None = None
-        errors: list[str] = []
-        for node in self.table.candidates(exclude):
+    def _connect(self) -> Node:
+        """Ask the candidates for HELLO in turn until the client is on one (`Connecting`)."""
+        search = Connecting(self)
+        for node in search.candidates:
             try:
                 hello = self._hello_on(node)
-            except AuthenticationError as exc:
-                raise error_from_redis(exc) from None
             except (*NETWORK_ERRORS, DisqueError) as exc:
-                errors.append(f"{node.addr}: {exc}")
-                self.table.mark_failed(node.addr)
+                failure = search.refused(node, exc)
+                if failure is not None:
+                    raise failure from None
                 continue
-            self.table.mark_ok(node.addr)
-            if self.pick_after_hello(node, hello):
-                self.node = node
+            if search.answered(node, hello):
                 return node
-            fallback = fallback or node  # leaving: only if nothing better answers
-        if fallback is not None:
-            self.node = fallback
-            return fallback
-        raise DisqueConnectionError("no reachable node among "
-                                    f"{', '.join(self.seeds)}: {'; '.join(errors)}",
-                                    unreachable=True)
+        return search.give_up()
 
     def _current(self) -> Node:
         node = self.node
@@ -145,22 +156,13 @@ class Client(ClientBase):
                 node = self.node or self._connect()
         elif self.hello_due():
             try:
-                ok = self.pick_after_hello(node, self._hello_on(node))
+                hello: Hello | None = self._hello_on(node)
             except (*NETWORK_ERRORS, DisqueError):
-                ok = False
-                self.table.mark_failed(node.addr)
-            if not ok:
+                hello = None
+            if not self.refreshed(node, hello):
                 with self._lock:
-                    if self.node is node:
-                        self.node = None
-                        node = self._connect()
+                    node = self.node or self._connect()
         return node
-
-    def _node_failed(self, node: Node) -> None:
-        self.table.mark_failed(node.addr)
-        with self._lock:
-            if self.node is node:
-                self.node = None
 
     def use_node(self, node: Node | str) -> Node:
         """Move the client to `node` (an address or a known Node) for the next commands."""
@@ -168,28 +170,25 @@ class Client(ClientBase):
         assert target is not None
         try:
             hello = self._hello_on(target)
-        except AuthenticationError as exc:
-            raise error_from_redis(exc) from None
         except NETWORK_ERRORS as exc:
-            self.table.mark_failed(target.addr)
-            raise DisqueConnectionError(f"cannot use {target.addr}: {exc}",
-                                        unreachable=True) from exc
-        self.pick_after_hello(target, hello)
-        with self._lock:
-            self.node = target
+            raise self.unusable(target, exc) from exc
+        self.use(target, hello)
         return target
 
     # -- the one place commands are sent -------------------------------------------------------
-    def _checkout(self, attempts: Attempts) -> tuple[Node, Any, Any]:
+    def _checkout(self, attempts: Attempts) -> tuple[Node, redis.ConnectionPool, Connection]:
         """(node, pool, connection) for the next attempt; raises DisqueConnectionError when
-        the failover policy gives up connecting (nothing was sent)."""
+        the failover policy gives up connecting (nothing was sent). (`_connection` inlined:
+        this is every command's path.)"""
         while True:
             node = attempts.required() or self._current()
             pool = self._pool(node)
             try:
                 return node, pool, pool.get_connection()
-            except AuthenticationError as exc:
-                raise error_from_redis(exc) from None
+            except (ResponseError, AuthenticationError) as exc:  # the handshake was refused
+                if not self.resp3_refused(node, exc):
+                    raise error_from_redis(exc) from None
+                self._renew_pool(node, pool)
             except NETWORK_ERRORS as exc:
                 failure = attempts.connect_failed(node, exc)
                 if failure is not None:
@@ -298,9 +297,9 @@ class Client(ClientBase):
                     batch.take(command, reply, node)
             except NETWORK_ERRORS as exc:
                 conn.disconnect()
-                failure = attempts.lost(node, exc)
-                if failure is not None:
-                    batch.fail(batch.pending(todo), failure)
+                lost = attempts.lost(node, exc)
+                if lost is not None:
+                    batch.fail(batch.pending(todo), lost)
                     return
             finally:
                 pool.release(conn)
@@ -335,18 +334,15 @@ class Client(ClientBase):
         return self._run(calls.get_job(queues, timeout=timeout, count=count, nohang=nohang,
                                        with_counters=with_counters))
 
-    def _get_job_from(self, queues: Sequence[str | bytes], **kw: Any) -> tuple[list[Job], Node]:
-        call = calls.get_job(queues, **kw)
-        reply, node = self._execute(call.args, call.safe, call.blocking_ms)
-        return call.parse(reply), node
-
     def get_job_and_node(self, *queues: str | bytes, timeout: int | None = None,
                          count: int | None = None, nohang: bool = False,
                          with_counters: bool = False) -> tuple[list[Job], Node]:
         """`get_job`, and the node that delivered the jobs: where their ACKJOB, NACK and
         WORKING belong (the client may have moved on to another node meanwhile)."""
-        return self._get_job_from(queues, timeout=timeout, count=count, nohang=nohang,
-                                  with_counters=with_counters)
+        call = calls.get_job(queues, timeout=timeout, count=count, nohang=nohang,
+                             with_counters=with_counters)
+        reply, node = self._execute(call.args, call.safe, call.blocking_ms)
+        return call.parse(reply), node
 
     def ack_job(self, *ids: str | bytes, node: Node | str | None = None) -> int:
         return self._run(calls.ack_job(*ids), node)
@@ -437,7 +433,7 @@ class Client(ClientBase):
 
     # -- consumer ------------------------------------------------------------------------------
     def consume(self, queues: str | bytes | Sequence[str | bytes],
-                handler: Callable[[Job], Any], *, concurrency: int = 1,
+                handler: Callable[[Job], object], *, concurrency: int = 1,
                 stop_event: threading.Event | None = None, **options: Any) -> ConsumeStats:
         """Run workers until `stop_event` is set, SIGINT/SIGTERM, or `max_jobs`: GETJOB,
         `handler(job)`, ACKJOB on success, NACK on exception, WORKING while a handler runs

@@ -20,14 +20,17 @@ PYSPARK_PYTHON, which must be a Python that has them.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from disque.spark.writer import WriteResult, write_jobs
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 __all__ = ["WriteResult", "register", "write_jobs"]
 
 
-def register(spark: Any) -> None:
+def register(spark: SparkSession) -> None:
     """Register the `disque` data source with this SparkSession (once per session)."""
     from disque.spark.datasource import DisqueDataSource
 

@@ -59,9 +59,9 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import (
     DataSource,
@@ -89,6 +89,10 @@ try:  # Spark >= 4.2: admission control
 except ImportError:  # pragma: no cover - older PySpark
     ReadAllAvailable = ReadMaxRows = None  # type: ignore[assignment,misc]
 
+if TYPE_CHECKING:
+    from pyspark.sql.streaming.datasource import ReadLimit
+    from pyspark.sql.types import StructType
+
 log = logging.getLogger("disque.spark.datasource")
 
 NAME = "disque"
@@ -112,7 +116,7 @@ TRUE = ("true", "yes", "on", "1")
 FALSE = ("false", "no", "off", "0")
 
 
-def _known(options: Any, names: Sequence[str], what: str) -> None:
+def _known(options: Mapping[str, str], names: Sequence[str], what: str) -> None:
     """Spark hands over any option given (lower-cased): refuse what this side does not
     take, rather than ignore a typo."""
     allowed = {n.lower() for n in names}
@@ -122,7 +126,7 @@ def _known(options: Any, names: Sequence[str], what: str) -> None:
                              f"its options: {', '.join(names)}")
 
 
-def _bool(options: Any, key: str, default: bool) -> bool:
+def _bool(options: Mapping[str, str], key: str, default: bool) -> bool:
     value = options.get(key)
     if value is None:
         return default
@@ -132,7 +136,7 @@ def _bool(options: Any, key: str, default: bool) -> bool:
     raise ValueError(f"option {key!r} must be true or false, not {value!r}")
 
 
-def _int(options: Any, key: str, least: int, most: int | None = None,
+def _int(options: Mapping[str, str], key: str, least: int, most: int | None = None,
          default: int | None = None) -> int | None:
     value = options.get(key)
     if value is None or str(value).strip() == "":
@@ -147,11 +151,11 @@ def _int(options: Any, key: str, least: int, most: int | None = None,
     return n
 
 
-def _write_int(options: Any, key: str, default: int | None = None) -> int | None:
+def _write_int(options: Mapping[str, str], key: str, default: int | None = None) -> int | None:
     return _int(options, key, *LIMITS[WRITE_INTS[key]], default=default)
 
 
-def _choice(options: Any, key: str, *choices: str) -> str:
+def _choice(options: Mapping[str, str], key: str, *choices: str) -> str:
     """One of `choices` (the first is the default), case-insensitive."""
     value = options.get(key)
     if value is None:
@@ -162,14 +166,14 @@ def _choice(options: Any, key: str, *choices: str) -> str:
     return low
 
 
-def _required(options: Any, key: str) -> str:
+def _required(options: Mapping[str, str], key: str) -> str:
     value = options.get(key)
     if not value:
         raise ValueError(f"the disque data source needs .option({key!r}, ...)")
     return str(value)
 
 
-def _nodes(options: Any) -> list[str]:
+def _nodes(options: Mapping[str, str]) -> list[str]:
     spec = _required(options, "nodes")
     try:
         return normalize_nodes(spec)
@@ -177,7 +181,7 @@ def _nodes(options: Any) -> list[str]:
         raise ValueError(f"option 'nodes': {exc}") from None
 
 
-def _client_options(options: Any) -> dict[str, Any]:
+def _client_options(options: Mapping[str, str]) -> dict[str, Any]:
     """The password option, else the one of a `disque://:secret@...` nodes URL."""
     out: dict[str, Any] = {}
     password = options.get("password") or url_password(str(options.get("nodes") or ""))
@@ -190,7 +194,7 @@ class ReadSettings:
     """The stream reader's options but `queues`: what `load()` checks already (Spark calls
     `schema()` then) and the reader uses."""
 
-    def __init__(self, options: Any) -> None:
+    def __init__(self, options: Mapping[str, str]) -> None:
         self.nodes = _nodes(options)
         self.max_jobs = _int(options, "maxJobsPerBatch", 1, default=10000) or 10000
         self.fetch_count = _int(options, "fetchCount", 1, default=1000) or 1000
@@ -217,12 +221,12 @@ class DisqueDataSource(DataSource):
         return (f"queue string, id string, body {body}, nacks bigint, "
                 "additional_deliveries bigint")
 
-    def writer(self, schema: Any, overwrite: bool) -> DisqueWriter:
+    def writer(self, schema: StructType, overwrite: bool) -> DisqueWriter:
         if overwrite:
             raise ValueError("the disque data source only appends: use .mode('append')")
         return DisqueWriter(self.options, schema)
 
-    def streamReader(self, schema: Any) -> DisqueStreamReader:
+    def streamReader(self, schema: StructType) -> DisqueStreamReader:
         return DisqueStreamReader(self.options, schema)
 
 
@@ -237,7 +241,7 @@ class DisqueCommitMessage(WriterCommitMessage):
 class DisqueWriter(DataSourceArrowWriter):
     """Built on the driver (where the write id is drawn), pickled to the tasks."""
 
-    def __init__(self, options: Any, schema: Any) -> None:
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
         _known(options, WRITE_OPTIONS, " writer")
         nodes = _nodes(options)
         queue = _required(options, "queue")
@@ -304,7 +308,7 @@ class DisqueStreamReader(DataSourceStreamReader):
     """See the module docstring. State (the fetched, not yet committed jobs) lives in the
     driver's Python process that Spark keeps for the query."""
 
-    def __init__(self, options: Any, schema: Any) -> None:
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
         _known(options, READ_OPTIONS, " stream reader")
         settings = ReadSettings(options)
         self.nodes = settings.nodes
@@ -344,7 +348,7 @@ class DisqueStreamReader(DataSourceStreamReader):
     def initialOffset(self) -> dict[str, int]:
         return {"seq": 0}
 
-    def getDefaultReadLimit(self) -> Any:
+    def getDefaultReadLimit(self) -> ReadLimit:
         if ReadMaxRows is None:  # pragma: no cover
             return super().getDefaultReadLimit()
         return ReadMaxRows(self.max_jobs)

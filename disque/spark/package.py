@@ -5,7 +5,8 @@
     # or: .config("spark.submit.pyFiles", "dist/disque-py.zip"), or sc.addPyFile(...)
 
 It holds what the executors import: `disque/__init__.py`, `disque/client`, `disque/spark`,
-and (unless `--no-redis`) redis-py, which is pure Python, with async-timeout (redis-py needs
+the consume policy and drivers `Client.consume` runs (`disque/worker`'s core, driver,
+threads and aio modules; not `disque-worker`'s command line, which needs structlog), and (unless `--no-redis`) redis-py, which is pure Python, with async-timeout (redis-py needs
 it on Python < 3.11.3). hiredis is a C extension and cannot
 be shipped in a zip: where the workers have it installed, redis-py and the client use it
 (several times faster packing and parsing); without it they fall back to pure Python.
@@ -21,6 +22,8 @@ import zipfile
 from pathlib import Path
 
 PACKAGES = ("disque/client", "disque/spark")
+MODULES = ("disque/worker/__init__.py", "disque/worker/core.py", "disque/worker/driver.py",
+           "disque/worker/threads.py", "disque/worker/aio.py")
 
 
 def _add_tree(zf: zipfile.ZipFile, root: Path, base: Path) -> int:
@@ -46,6 +49,8 @@ def build(out: Path, with_redis: bool = True) -> list[str]:
         zf.write(disque_dir / "__init__.py", "disque/__init__.py")
         for pkg in PACKAGES:
             _add_tree(zf, base / pkg, base)
+        for module in MODULES:
+            zf.write(base / module, module)
         if with_redis:
             spec = importlib.util.find_spec("redis")
             if spec is None or spec.origin is None:

@@ -21,6 +21,9 @@ What this does NOT cover, honestly:
   attempt (true for files, `range`, deterministic transformations; not for `rand()`, or for
   a shuffle whose order differs when recomputed). Use `dedup_key_col` with a stable key then.
 - Keys are remembered for the job's TTL only (default one day).
+- antirez's Disque has no DEDUP (nor ADDJOBS): a node without ADDJOBS that answers the
+  pipelined `ADDJOB ... DEDUP key` with a syntax error gets the rows without keys, with a
+  warning logged once per partition; a retried task may add rows there again.
 
 Batches: a batch goes to the node as one ADDJOBS (`ADDJOBS ... WITHDEDUP JOBS key body
 ...`), which the node replicates in one bus round trip, so one connection per partition is
@@ -45,8 +48,9 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
+from disque.client.base import AddJobsResult
 from disque.client.errors import (
     DisqueConnectionError,
     DisqueError,
@@ -55,13 +59,28 @@ from disque.client.errors import (
     OutOfMemoryError,
     PausedError,
 )
-from disque.client.nodes import parse_nodes
+from disque.client.nodes import Node, parse_nodes
 from disque.client.sync import Client
 
 log = logging.getLogger("disque.spark.producer")
 
 RETRYABLE = (NoReplicationError, LeavingError, PausedError, OutOfMemoryError,
              DisqueConnectionError)
+
+
+class BatchClient(Protocol):
+    """What a partition needs of its client (a `Client`; a fake in the unit tests)."""
+
+    def has_addjobs(self, node: Node | str | None = None) -> bool | None: ...
+
+    def add_jobs(self, queue: str | bytes, bodies: Sequence[str | bytes],
+                 timeout_ms: int = 5000, *, replicate: int | None = None,
+                 delay: int | None = None, retry: int | None = None, ttl: int | None = None,
+                 maxlen: int | None = None, async_: bool = False,
+                 dedup_keys: Sequence[str | bytes] | None = None,
+                 allow_retry: bool | None = None, batch_size: int = 1000) -> AddJobsResult: ...
+
+    def close(self) -> None: ...
 
 
 def normalize_nodes(nodes: str | Iterable[str]) -> list[str]:
@@ -186,7 +205,7 @@ class PartitionProducer:
     """Sends one partition's (body, key) pairs in batches (ADDJOBS) to its node."""
 
     def __init__(self, cfg: ProducerConfig, partition: int,
-                 client_factory: Callable[[str], Any] | None = None,
+                 client_factory: Callable[[str], BatchClient] | None = None,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.cfg = cfg
         self.partition = partition
@@ -194,9 +213,10 @@ class PartitionProducer:
         self.node_index = 0
         self.client_factory = client_factory or self._make_client
         self.sleep = sleep
-        self.client: Any = None
+        self.client: BatchClient | None = None
         self.result = PartitionResult(partition)
         self._pool: ThreadPoolExecutor | None = None
+        self.dedup_refused = False  # the node has no DEDUP (antirez's Disque): keys dropped
         # connections per batch where the node has no ADDJOBS (see `_connections`)
         if cfg.connections is not None:
             self.connections = cfg.connections
@@ -212,7 +232,7 @@ class PartitionProducer:
     def node(self) -> str:
         return self.order[self.node_index % len(self.order)]
 
-    def _client(self) -> Any:
+    def _client(self) -> BatchClient:
         if self.client is None:
             self.client = self.client_factory(self.node)
         return self.client
@@ -248,9 +268,14 @@ class PartitionProducer:
         cfg = self.cfg
         todo = list(range(len(bodies)))
         attempt = 0
+        if self.dedup_refused:
+            keys = None
         while todo:
             client = self._client()
             errors = self._add(client, todo, bodies, keys)
+            if keys is not None and self._refuses_dedup(client, errors):
+                keys = None
+                continue
             retry_later = []
             unreachable = False
             for pos, err in zip(todo, errors, strict=True):
@@ -276,7 +301,21 @@ class PartitionProducer:
                 self._next_node(str(next(e for e in errors if e is not None)))
             self.sleep(min(cfg.backoff * (2 ** (attempt - 1)), cfg.backoff_max))
 
-    def _connections(self, client: Any) -> int:
+    def _refuses_dedup(self, client: BatchClient, errors: Sequence[DisqueError | None]) -> bool:
+        """Whether every ADDJOB of a batch with DEDUP keys got a syntax error from a node
+        without ADDJOBS: antirez's Disque, which has no DEDUP either. Then the rows go
+        without keys (nothing was added: the whole command was refused)."""
+        if client.has_addjobs() is not False or not errors or not all(
+                e is not None and e.prefix == "ERR" and e.message.lower().startswith("syntax")
+                for e in errors):
+            return False
+        self.dedup_refused = True
+        log.warning("producer.no_dedup partition=%s node=%s: the node has no ADDJOB DEDUP "
+                    "(antirez's Disque); rows are added without keys, a retried task may "
+                    "add them again", self.partition, self.node)
+        return True
+
+    def _connections(self, client: BatchClient) -> int:
         """How many connections the next batch goes over. An ADDJOBS batch is replicated in
         one round trip: one is enough. Pipelined synchronous replicated ADDJOBs (a node
         without ADDJOBS) each hold the connection until their copies are confirmed (the
@@ -287,7 +326,7 @@ class PartitionProducer:
             return 1
         return self.connections
 
-    def _add(self, client: Any, todo: list[int], bodies: Sequence[bytes | str],
+    def _add(self, client: BatchClient, todo: list[int], bodies: Sequence[bytes | str],
              keys: Sequence[str] | None) -> list[DisqueError | None]:
         """Add bodies[todo]; one error (or None) per position, over `_connections` at once."""
         n = self._connections(client)
@@ -300,7 +339,7 @@ class PartitionProducer:
         results = self._pool.map(lambda part: self._add_one(client, part, bodies, keys), parts)
         return [err for part_errors in results for err in part_errors]
 
-    def _add_one(self, client: Any, todo: list[int], bodies: Sequence[bytes | str],
+    def _add_one(self, client: BatchClient, todo: list[int], bodies: Sequence[bytes | str],
                  keys: Sequence[str] | None) -> list[DisqueError | None]:
         cfg = self.cfg
         try:

@@ -12,7 +12,7 @@ import logging
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from disque.client.nodes import url_password
 from disque.spark.producer import (
@@ -22,6 +22,9 @@ from disque.spark.producer import (
     normalize_nodes,
     row_records,
 )
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, Row
 
 log = logging.getLogger("disque.spark.writer")
 
@@ -42,7 +45,7 @@ def _task_partition() -> int:
     return ctx.partitionId() if ctx is not None else 0
 
 
-def write_jobs(df: Any, queue: str, nodes: str | Iterable[str], body_col: str = "body",
+def write_jobs(df: DataFrame, queue: str, nodes: str | Iterable[str], body_col: str = "body",
                replicate: int | None = None, retry: int | None = None,
                ttl: int | None = None, batch_size: int = 500, body_format: str = "raw",
                dedup: bool = True, dedup_key_col: str | None = None, *,
@@ -121,7 +124,7 @@ def write_jobs(df: Any, queue: str, nodes: str | Iterable[str], body_col: str = 
 
     if method == "arrow":
         def produce_arrow(batches: Iterator[Any]) -> Iterator[Any]:
-            import pyarrow as pa
+            import pyarrow as pa  # type: ignore[import-untyped]
 
             partition = _task_partition()
             result = PartitionProducer(cfg, partition).run(
@@ -137,7 +140,7 @@ def write_jobs(df: Any, queue: str, nodes: str | Iterable[str], body_col: str = 
         df.mapInArrow(produce_arrow, "added long, failed long").collect()
         return WriteResult(added.value, failed.value)
 
-    def produce(rows: Iterator[Any]) -> None:
+    def produce(rows: Iterator[Row]) -> None:
         partition = _task_partition()
         producer = PartitionProducer(cfg, partition)
         result = producer.run(row_records(rows, body_col, body_format, key_col, body_fn))

@@ -6,9 +6,9 @@ import argparse
 import asyncio
 import os
 import sys
-from typing import Any
+from collections.abc import Callable
 
-from disque.client import AsyncClient, AuthError, Client, DisqueError, parse_nodes
+from disque.client import AsyncClient, AuthError, Client, DisqueError, Job, Node, parse_nodes
 from disque.worker.core import WorkerCore
 from disque.worker.run import (
     EXIT_ERROR,
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                         batch=args.batch, timeout_ms=args.timeout, burst=args.burst,
                         backoff=args.backoff, max_backoff=args.max_backoff)
     core = WorkerCore(burst=settings.burst, backoff_base=settings.backoff,
-                      max_backoff=settings.max_backoff)
+                      max_backoff=settings.max_backoff, count=settings.batch)
     try:
         if is_async(handler):
             code = asyncio.run(_run_async(handler, settings, core))
@@ -144,26 +144,28 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-def _started(settings: Settings, node: Any, mode: str) -> None:
+def _started(settings: Settings, node: Node, mode: str) -> None:
     log.info("worker.start", handler=settings.handler_spec, queues=list(settings.queues),
              node=node.addr, mode=mode, concurrency=settings.concurrency,
              batch=settings.batch, burst=settings.burst)
 
 
-def _run_threads(handler: Any, settings: Settings, core: WorkerCore) -> int:
+def _run_threads(handler: Callable[[Job], object], settings: Settings,
+                 core: WorkerCore) -> int:
     from disque.worker.threads import ThreadedWorker
 
     with Client(settings.nodes, password=settings.password) as client:
         _started(settings, client.connect(), "threads")
-        return ThreadedWorker(client, handler, settings, core).run()
+        return ThreadedWorker(client, handler, settings.fetch(), core, log).run()
 
 
-async def _run_async(handler: Any, settings: Settings, core: WorkerCore) -> int:
+async def _run_async(handler: Callable[[Job], object], settings: Settings,
+                     core: WorkerCore) -> int:
     from disque.worker.aio import AsyncWorker
 
     async with AsyncClient(settings.nodes, password=settings.password) as client:
         _started(settings, await client.connect(), "asyncio")
-        return await AsyncWorker(client, handler, settings, core).run()
+        return await AsyncWorker(client, handler, settings.fetch(), core, log).run()
 
 
 if __name__ == "__main__":  # pragma: no cover - `python -m disque.worker` uses __main__

@@ -31,10 +31,26 @@ Rules and their reasons:
 - Burst: a fetcher whose GETJOB (which waits up to the GETJOB timeout, long enough for the
   node to import jobs from the others) returns nothing ends; the worker exits when every
   fetcher has ended and the jobs it holds are done.
-- A command the delivering node cannot take because it is unreachable goes to any other node
-  instead: ACKJOB and WORKING always (idempotent, and any holder spreads them), NACK only if
-  nothing was sent (a resent NACK could count twice). What still fails is left to the
-  job's RETRY.
+- A command the delivering node cannot take because it is unreachable or leaving goes to any
+  other node instead: ACKJOB and WORKING always (idempotent, and any holder spreads them),
+  NACK only if nothing was sent (a resent NACK could count twice). What still fails is left
+  to the job's RETRY.
+
+Two drivers run this policy, each around its own client (`threads` with `Client`, `aio`
+with `AsyncClient`), for `disque-worker` and for the client's own `consume()`. The settings
+where the two differ are the core's constructor arguments, each with the worker's default:
+- `backoff_base` 0: a plain NACK, back at once (`consume()`);
+- `give_back` False: jobs fetched before a stop are still run (`consume()`), not given back;
+- `forcible` False: a second stop request is no forced exit (`consume()` has none);
+- `max_jobs`: stop after exactly that many jobs. Each fetch reserves the jobs it asks for
+  (`fetch_count`), so concurrent fetchers never receive more than `max_jobs` together;
+- `follow_every` N: every N jobs, when most recent jobs were created by another node, name
+  that node's ID prefix (`producers_prefix`) so the driver moves the client there (the
+  spec's "consume where the producers produce", `nodes.PrefixStats`);
+- `heartbeats` False: no SHOW / WORKING; `fraction` of the requeue time at which WORKING
+  goes (0.5; `consume()` 0.8); `fetch_retry_first` / `fetch_retry_max`, the waits after a
+  failed GETJOB (doubling from the first; `consume()` waits `error_backoff` each time);
+  `max_notes`, how many error texts are kept for the report.
 """
 
 from __future__ import annotations
@@ -46,14 +62,73 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from disque.client import DisqueConnectionError, Job
-from disque.client.consumer import Heartbeats
+# (submodules, not the `disque.client` package: the client's consume() imports this module)
+from disque.client.errors import DisqueConnectionError, LeavingError
+from disque.client.nodes import Node, PrefixStats
+from disque.client.replies import Job
 
 ACK = "ack"
 NACK = "nack"
 ENQUEUE = "enqueue"  # a job given back at stop: it did not fail (no nack, no backoff)
 WORKING = "working"
 SHOW = "show"  # the first heartbeat step: learn the job's RETRY and time to requeue
+
+
+Reply = int | dict[str, Any] | None  # ACKJOB / NACK / ENQUEUE / WORKING: int; SHOW: a dict
+
+
+@dataclass(slots=True)
+class InFlight:
+    """A held job's heartbeat: when it is due, and on which node."""
+
+    job_id: str
+    node: Node | None
+    due: float
+    checked: bool = False  # SHOW done: `due` now comes from the node's requeue time
+
+
+class Heartbeats:
+    """When each held job needs its next WORKING. Pure: the caller sends SHOW/WORKING and
+    reports the answers. A SHOW after `first_check` seconds tells the job's RETRY and time
+    to requeue; WORKING goes at `fraction` of that, then at `fraction` of each RETRY that
+    WORKING answers."""
+
+    def __init__(self, first_check: float = 0.2, fraction: float = 0.8) -> None:
+        self.first_check = first_check
+        self.fraction = fraction
+        self.jobs: dict[str, InFlight] = {}
+
+    def add(self, job_id: str, node: Node | None, now: float) -> None:
+        self.jobs[job_id] = InFlight(job_id, node, now + self.first_check)
+
+    def remove(self, job_id: str) -> None:
+        self.jobs.pop(job_id, None)
+
+    def due(self, now: float) -> list[InFlight]:
+        return [e for e in self.jobs.values() if e.due <= now]
+
+    def next_due(self) -> float | None:
+        return min((e.due for e in self.jobs.values()), default=None)
+
+    def on_show(self, entry: InFlight, show: dict[str, Any] | None, now: float) -> bool:
+        """After SHOW: schedule the first WORKING before the node's requeue time. False (and
+        the job is dropped) when there is nothing to postpone: unknown or RETRY 0 job."""
+        retry = int(show.get("retry") or 0) if show else 0
+        requeue_ms = show.get("next-requeue-within") if show else None
+        if not retry or requeue_ms is None:
+            self.remove(entry.job_id)
+            return False
+        entry.checked = True
+        entry.due = now + self.fraction * min(int(requeue_ms) / 1000.0, float(retry))
+        return True
+
+    def on_working(self, entry: InFlight, retry: int | None, now: float) -> bool:
+        """After WORKING answered `retry` seconds (None: it failed with NOJOB/TOOLATE)."""
+        if not retry:
+            self.remove(entry.job_id)
+            return False
+        entry.due = now + self.fraction * retry
+        return True
 
 
 @dataclass(slots=True, frozen=True)
@@ -64,7 +139,7 @@ class Command:
 
     kind: str
     job_id: str
-    node: Any = None
+    node: Node | None = None
     delay: int = 0
     given_back: bool = False
 
@@ -73,6 +148,7 @@ class Command:
 class WorkerStats:
     """What the worker did; `summary()` of the core reports it on exit."""
 
+    received: int = 0    # jobs GETJOB delivered
     processed: int = 0   # handlers that ran to the end, returning or raising
     failed: int = 0      # of those, the ones that raised
     acked: int = 0       # ACKJOBs a node took
@@ -81,6 +157,7 @@ class WorkerStats:
     working: int = 0     # WORKING heartbeats sent
     errors: int = 0      # commands no node took (the job comes back after its RETRY)
     fetch_errors: int = 0
+    switches: int = 0    # moves of the client next to the producers
     started: float = 0.0
     handler_seconds: float = 0.0
     errors_seen: list[str] = field(default_factory=list)
@@ -109,31 +186,48 @@ class WorkerCore:
     def __init__(self, *, burst: bool = False, backoff_base: float = 1.0,
                  max_backoff: float = 300.0, first_check: float = 0.2,
                  fetch_retry_max: float = 5.0, rng: random.Random | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, count: int = 1,
+                 max_jobs: int | None = None, give_back: bool = True, forcible: bool = True,
+                 heartbeats: bool = True, fraction: float = 0.5,
+                 fetch_retry_first: float = 0.1, follow_every: int | None = None,
+                 max_notes: int = 20) -> None:
         if backoff_base < 0 or max_backoff < 0:
             raise ValueError("backoff values must be >= 0")
         self.burst = burst
         self.backoff_base = backoff_base
         self.max_backoff = max_backoff
+        self.fetch_retry_first = fetch_retry_first
         self.fetch_retry_max = fetch_retry_max
         self.rng = rng or random.Random()
         self.clock = clock
+        self.count = count
+        self.max_jobs = max_jobs
+        self.give_back = give_back
+        self.forcible = forcible
+        self.heartbeating = heartbeats
+        self.follow_every = follow_every
+        self.max_notes = max_notes
         self.state = self.RUNNING
         self.stop_reason = ""
-        self.heartbeats = Heartbeats(first_check=first_check, fraction=0.5)
+        self.heartbeats = Heartbeats(first_check=first_check, fraction=fraction)
         self.held: dict[str, Job] = {}
         self.running: dict[str, float] = {}  # job ID -> when its handler started
         self.fetch_failures = 0
+        self.reserved = 0  # jobs asked for by GETJOBs in flight (with max_jobs)
+        self.prefixes = PrefixStats() if follow_every else None
+        self.since_follow = 0
         self.stats = WorkerStats(started=clock())
 
     # -- stopping --------------------------------------------------------------------------
     def stop(self, reason: str) -> bool:
         """A stop request (signal, or the caller's). True when it forces the exit now: the
-        second request, given while the first still waits for running jobs."""
+        second request, given while the first still waits for running jobs (if `forcible`)."""
         if self.state == self.RUNNING:
             self.state = self.STOPPING
             self.stop_reason = reason
             return False
+        if not self.forcible or self.state == self.FORCED:
+            return self.state == self.FORCED
         self.state = self.FORCED
         self.stop_reason = f"{self.stop_reason}, then {reason}: forced"
         return True
@@ -144,37 +238,85 @@ class WorkerCore:
         return self.state == self.RUNNING
 
     # -- fetching --------------------------------------------------------------------------
-    def fetched(self, jobs: list[Job], node: Any) -> bool:
-        """A GETJOB answered `jobs` (from `node`). Returns whether this fetch loop goes on
-        after handling them: False in burst mode when the queues were empty."""
+    def fetch_count(self) -> int:
+        """How many jobs the next GETJOB asks for (its COUNT), reserved until `fetched` or
+        `fetch_failed` says how many came. 0: this fetch loop ends; once `max_jobs` jobs
+        were received the core stops (reason "max_jobs"). A loop whose share is 0 while
+        another still waits for reserved jobs ends without stopping the others."""
+        if not self.fetching:
+            return 0
+        if self.max_jobs is None:
+            return self.count
+        want = min(self.count, self.max_jobs - self.reserved - self.stats.received)
+        if want <= 0:
+            if self.stats.received >= self.max_jobs:
+                self.stop("max_jobs")
+            return 0
+        self.reserved += want
+        return want
+
+    def fetched(self, jobs: list[Job], node: Node | None, asked: int = 0) -> bool:
+        """A GETJOB for `asked` jobs answered `jobs` (from `node`). Returns whether this
+        fetch loop goes on after handling them: False in burst mode when the queues were
+        empty."""
         self.fetch_failures = 0
+        self.reserved -= asked if self.max_jobs is not None else 0
+        self.stats.received += len(jobs)
         now = self.clock()
         for job in jobs:
             self.held[job.id] = job
-            self.heartbeats.add(job.id, node, now)
+            if self.heartbeating:
+                self.heartbeats.add(job.id, node, now)
+        if self.prefixes is not None:
+            for job in jobs:
+                self.prefixes.observe(job.id)
+            self.since_follow += len(jobs)
         return bool(jobs) or not self.burst
 
-    def fetch_failed(self, error: BaseException) -> float:
-        """A GETJOB failed (no node reachable, ...): seconds to wait before the next one,
-        doubling from 0.1 s up to `fetch_retry_max` while failures go on."""
+    def fetch_failed(self, error: BaseException, asked: int = 0) -> float:
+        """A GETJOB for `asked` jobs failed (no node reachable, ...): seconds to wait before
+        the next one, doubling from `fetch_retry_first` up to `fetch_retry_max` while
+        failures go on."""
+        self.reserved -= asked if self.max_jobs is not None else 0
         self.stats.fetch_errors += 1
         self.fetch_failures += 1
         self._note(f"GETJOB: {error}")
-        return min(self.fetch_retry_max, 0.1 * 2.0 ** min(self.fetch_failures - 1, 30))
+        return min(self.fetch_retry_max,
+                   self.fetch_retry_first * 2.0 ** min(self.fetch_failures - 1, 30))
+
+    def producers_prefix(self, current: Node | None) -> str | None:
+        """Every `follow_every` jobs: the ID prefix of the node that created most recent
+        jobs, when it is not `current` (the node the client is on); else None."""
+        if self.prefixes is None or self.follow_every is None:
+            return None
+        if self.since_follow < self.follow_every:
+            return None
+        self.since_follow = 0
+        prefix = self.prefixes.preferred()
+        if prefix is None or current is None or current.prefix == prefix:
+            return None
+        return prefix
+
+    def followed(self, addr: str, error: BaseException | None) -> None:
+        """The driver moved the client to the producers' node `addr` (or failed: `error`)."""
+        if error is None:
+            self.stats.switches += 1
+        else:
+            self._note(f"moving to {addr}: {error}")
 
     def may_start(self, job: Job) -> bool:
         """Whether to run the handler on `job` now; if not, give it back (`given_back`)."""
-        if self.state != self.RUNNING:
+        if self.state == self.FORCED or (self.give_back and self.state != self.RUNNING):
             return False
         self.running[job.id] = self.clock()
         return True
 
     # -- outcomes --------------------------------------------------------------------------
-    def succeeded(self, job: Job, node: Any) -> Command:
+    def succeeded(self, job: Job, node: Node | None) -> Command:
         self._ran(job)
         return Command(ACK, job.id, node)
 
-    def failed(self, job: Job, node: Any) -> Command:
+    def failed(self, job: Job, node: Node | None) -> Command:
         """The handler raised: NACK with the backoff of this attempt."""
         self._ran(job)
         self.stats.failed += 1
@@ -182,7 +324,7 @@ class WorkerCore:
                                 self.rng.uniform(0.5, 1.0))
         return Command(NACK, job.id, node, delay)
 
-    def given_back(self, job: Job, node: Any) -> Command:
+    def given_back(self, job: Job, node: Node | None) -> Command:
         """A job fetched but not started (stopping): ENQUEUE now, for another worker. Not a
         NACK: it did not fail, so it must not count toward MAXNACKS (a worker restart would
         otherwise send jobs to their dead-letter queue); like any redelivery it counts as
@@ -195,7 +337,7 @@ class WorkerCore:
         if started is not None:
             self.stats.handler_seconds += self.clock() - started
 
-    def sent(self, command: Command, reply: Any) -> None:
+    def sent(self, command: Command, reply: Reply) -> None:
         """A node answered `command`: ACKJOB / NACK how many jobs it knew, WORKING the
         seconds until the job would be requeued, SHOW the job (None: unknown there)."""
         kind = command.kind
@@ -205,9 +347,11 @@ class WorkerCore:
                 self.stats.working += 1
             if entry is not None:
                 if kind == SHOW:
-                    self.heartbeats.on_show(entry, reply, self.clock())
+                    self.heartbeats.on_show(entry, reply if isinstance(reply, dict) else None,
+                                            self.clock())
                 else:
-                    self.heartbeats.on_working(entry, int(reply), self.clock())
+                    self.heartbeats.on_working(entry, reply if isinstance(reply, int) else None,
+                                               self.clock())
             return
         if kind == ACK:
             self.stats.acked += 1
@@ -222,8 +366,10 @@ class WorkerCore:
     def not_sent(self, command: Command, error: BaseException) -> Command | None:
         """`command` failed with `error`: the same command for another node, or None (give
         up: the job is left to its RETRY; a failed ACK/NACK is counted in `errors`)."""
-        if (command.node is not None and isinstance(error, DisqueConnectionError)
-                and (command.kind != NACK or error.unreachable)):
+        if command.node is not None and (
+                isinstance(error, LeavingError) or (isinstance(error, DisqueConnectionError)
+                                                    and (command.kind != NACK
+                                                         or error.unreachable))):
             return Command(command.kind, command.job_id, None, command.delay,
                            command.given_back)
         if command.kind in (SHOW, WORKING):
@@ -249,7 +395,7 @@ class WorkerCore:
         """The SHOW (first time) or WORKING of each held job due for one now. The entry is
         pushed back meanwhile, so that a slow answer does not make it due twice."""
         now = self.clock()
-        out = []
+        out: list[Command] = []
         for entry in self.heartbeats.due(now):
             out.append(Command(WORKING if entry.checked else SHOW, entry.job_id, entry.node))
             entry.due = now + self.heartbeats.first_check
@@ -262,7 +408,7 @@ class WorkerCore:
 
     # -- reporting -------------------------------------------------------------------------
     def _note(self, text: str) -> None:
-        if len(self.stats.errors_seen) < 20:
+        if len(self.stats.errors_seen) < self.max_notes:
             self.stats.errors_seen.append(text)
 
     def summary(self) -> dict[str, Any]:

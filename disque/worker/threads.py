@@ -1,6 +1,7 @@
-"""The threaded driver, for plain (not `async def`) handlers.
+"""The threaded driver of the consume policy, for plain (not `async def`) handlers: it runs
+`disque-worker` and `Client.consume`.
 
-`concurrency` fetch threads each loop GETJOB (COUNT `batch`, WITHCOUNTERS, TIMEOUT
+`concurrency` fetch threads each loop GETJOB (COUNT from the core, WITHCOUNTERS, TIMEOUT
 `timeout_ms`) -> run the handler on each job in turn -> ACKJOB / NACK; one heartbeat thread
 sends the SHOW / WORKING the core asks for. All of them share one `Client` (thread-safe:
 a pooled connection per command) and call the core under one lock. The main thread only
@@ -9,33 +10,71 @@ waits, so that it takes SIGINT / SIGTERM at once.
 
 from __future__ import annotations
 
+import signal
 import threading
 from collections.abc import Callable
-from typing import Any
 
-from disque.client import AuthError, Client, DisqueError, Job
-from disque.client.consumer import stop_on_signals
-from disque.worker.core import Command, WorkerCore
-from disque.worker.run import Driver, Settings, client_call, log
+from disque.client.errors import AuthError, DisqueError
+from disque.client.nodes import Node
+from disque.client.replies import Job
+from disque.client.sync import Client
+from disque.worker.core import ACK, ENQUEUE, NACK, SHOW, WORKING, Command, Reply, WorkerCore
+from disque.worker.driver import Driver, EventLog, Fetch
+
+
+def stop_on_signals(on_stop: Callable[[str], None]) -> Callable[[], None]:
+    """Call `on_stop(signal name)` on SIGINT / SIGTERM (from the main thread only, as
+    Python allows); returns the function that puts the previous handlers back."""
+    def on_signal(signum: int, frame: object) -> None:
+        on_stop(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return restore
+
+
+def send(client: Client, command: Command) -> Reply:
+    """`command` sent with `client`: the node's reply."""
+    kind = command.kind
+    if kind == ACK:
+        return client.ack_job(command.job_id, node=command.node)
+    if kind == NACK:
+        return client.nack(command.job_id, delay=command.delay or None, node=command.node)
+    if kind == ENQUEUE:
+        return client.enqueue(command.job_id, node=command.node)
+    if kind == WORKING:
+        return client.working(command.job_id, node=command.node)
+    assert kind == SHOW
+    return client.show(command.job_id, node=command.node)
 
 
 class ThreadedWorker(Driver):
-    def __init__(self, client: Client, handler: Callable[[Job], Any], settings: Settings,
-                 core: WorkerCore) -> None:
-        super().__init__(client, handler, settings, core, threading.Lock())
-        self.stopping = threading.Event()  # wakes the waits when a stop comes
-        self.forced = threading.Event()
+    def __init__(self, client: Client, handler: Callable[[Job], object], fetch: Fetch,
+                 core: WorkerCore, log: EventLog,
+                 stop_event: threading.Event | None = None) -> None:
+        super().__init__(core, fetch, log, threading.Lock())
+        self.client = client
+        self.handler = handler
+        self.stopping: threading.Event = stop_event or threading.Event()
+        self.forced: threading.Event = threading.Event()
         self.done = threading.Event()  # every fetch thread ended: nothing is held any more
 
     def run(self) -> int:
-        restore = stop_on_signals(self.stop)
+        """Until the fetch loops end (stop, burst, max_jobs); the exit code."""
+        restore: Callable[[], None] | None = None
+        if self.fetch.signals and threading.current_thread() is threading.main_thread():
+            restore = stop_on_signals(self.stop)
         fetchers = [threading.Thread(target=self._fetch_thread, name=f"disque-worker-{i}",
                                      daemon=True)
-                    for i in range(self.settings.concurrency)]
+                    for i in range(self.fetch.concurrency)]
         beat = threading.Thread(target=self._heartbeat_loop, name="disque-worker-heartbeat",
                                 daemon=True)
         try:
-            beat.start()
+            if self.core.heartbeating:
+                beat.start()
             for t in fetchers:
                 t.start()
             for t in fetchers:
@@ -44,8 +83,9 @@ class ThreadedWorker(Driver):
         finally:
             self.stopping.set()
             self.done.set()
-            restore()
-        if not self.forced.is_set():  # (forced: the daemon threads die with the process)
+            if restore is not None:
+                restore()
+        if beat.is_alive() and not self.forced.is_set():  # (forced: daemon threads die)
             beat.join(timeout=5)
         return self.exit_code()
 
@@ -57,31 +97,28 @@ class ThreadedWorker(Driver):
             self._fatal(exc)
 
     def _fetch_loop(self) -> None:
-        s = self.settings
-        while True:
-            with self.lock:
-                if not self.core.fetching:
-                    return
+        f = self.fetch
+        core = self.core
+        while want := self.may_fetch():
             try:
                 jobs, node = self.client.get_job_and_node(
-                    *s.queues, timeout=s.timeout_ms, count=s.batch, with_counters=True)
-            except AuthError as exc:
+                    *f.queues, timeout=f.timeout_ms, count=want, with_counters=f.with_counters)
+            except AuthError as exc:  # a refused password does not heal by waiting
                 self._fatal(exc)
                 return
             except DisqueError as exc:
-                with self.lock:
-                    wait = self.core.fetch_failed(exc)
-                log.warning("worker.fetch_failed", error=str(exc), retry_in=wait)
-                self.stopping.wait(wait)
+                self.stopping.wait(self.fetch_failed(exc, want))
                 continue
             with self.lock:
-                go_on = self.core.fetched(jobs, node)
+                go_on = core.fetched(jobs, node, want)
             for job in jobs:
                 self._run_job(job, node)
+            if jobs and core.follow_every:
+                self._follow()
             if not go_on:
                 return
 
-    def _run_job(self, job: Job, node: Any) -> None:
+    def _run_job(self, job: Job, node: Node) -> None:
         with self.lock:
             start = self.core.may_start(job)
             if not start:
@@ -100,13 +137,30 @@ class ThreadedWorker(Driver):
         """Send `command`, to another node if the core says so; report the outcome."""
         while command is not None:
             try:
-                reply = client_call(self.client, command)
+                reply = send(self.client, command)
             except DisqueError as exc:
                 command = self.not_sent(command, exc)
                 continue
             with self.lock:
                 self.core.sent(command, reply)
             return
+
+    def _follow(self) -> None:
+        """Move the client next to the producers when the core says so."""
+        with self.lock:
+            prefix = self.core.producers_prefix(self.client.node)
+        target = self.client.node_for_prefix(prefix) if prefix is not None else None
+        if target is None:
+            return
+        error: BaseException | None = None
+        try:
+            self.client.use_node(target)
+        except (DisqueError, OSError) as exc:
+            error = exc
+        with self.lock:
+            self.core.followed(target.addr, error)
+        self.log.info("worker.follow", node=target.addr, prefix=prefix,
+                      error=None if error is None else str(error))
 
     # -- heartbeats ----------------------------------------------------------------------------
     def _heartbeat_loop(self) -> None:

@@ -1,7 +1,8 @@
 """`write_jobs` and the `disque` data source with REPLICATE 3 on a real 3-node cluster: each
 batch goes as one ADDJOBS (INFO commandstats counts no ADDJOB), every row is one job held by
 all three nodes, exactly once. On nodes without ADDJOBS (`rename-command ADDJOBS ""`, as
-antirez's Disque) the same write goes as pipelined ADDJOBs with the same result."""
+antirez's Disque) the same write goes as pipelined ADDJOBs with the same result; and so it
+does on the original itself, when $DISQUE_ORIGINAL names its disque-server."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from disque.client import Client
 from disque.spark import WriteResult, register, write_jobs
 from tests.cluster.conftest import Cluster, cluster  # noqa: F401 - the `cluster` fixture
+from tests.harness import OriginalDisqueProcess
 
 # (see test_spark.py: a timeout in a py4j call breaks the shared session)
 pytestmark = pytest.mark.timeout(600)
@@ -87,3 +89,19 @@ def test_write_jobs_to_nodes_without_addjobs_falls_back_to_pipelined_addjob(
     assert result == WriteResult(added=N, failed=0)
     assert sum(calls(c, "addjob")) >= N  # (more if a transient error was retried)
     assert_each_row_once_on_every_node(c, "fb3", N, "fb3")
+
+
+def test_write_jobs_and_the_data_source_reach_the_original_disque(
+        spark: Any, original: OriginalDisqueProcess) -> None:
+    """antirez's Disque ($DISQUE_ORIGINAL; skipped without it) refuses HELLO 3 and has
+    neither ADDJOBS nor DEDUP: the executors speak RESP2 to it without being told, send
+    pipelined ADDJOBs, and add every row (without keys)."""
+    addr = f"127.0.0.1:{original.port}"
+    result = write_jobs(rows_df(spark, 600, "orig"), "orig", [addr], batch_size=100)
+    assert result == WriteResult(added=600, failed=0)
+    register(spark)
+    (rows_df(spark, 400, "origds").write.format("disque").option("nodes", addr)
+     .option("queue", "origds").option("batchSize", "100").mode("append").save())
+    with Client([addr], discover=False) as c:
+        assert (c.qlen("orig"), c.qlen("origds")) == (600, 400)
+        assert c.has_addjobs() is None  # (this client sent no batch)

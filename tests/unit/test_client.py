@@ -11,7 +11,7 @@ import pytest
 from redis._parsers.base import BaseParser
 
 from disque.client import calls, errors, replies
-from disque.client.base import AddJobsResult, Attempts, ClientBase
+from disque.client.base import AddJobsResult, Attempts, ClientBase, Connecting
 from disque.client.batch import AddJobsBatch
 from disque.client.consumer import Heartbeats
 from disque.client.errors import (
@@ -192,6 +192,14 @@ def test_hello_reply_lists_nodes_with_integer_port_and_priority():
     hello = calls.hello().parse(wire(raw))
     assert hello == Hello(1, "id1", [HelloNode("id1", "127.0.0.1", 7711, 1),
                                      HelloNode("id2", "", 7712, 100)])
+
+
+@pytest.mark.parametrize("reply", [
+    [1, b"id1", [b"id1", b"", b"7711", b"1"]],  # the original over RESP2 (an empty IP)
+    [1, "id1", ["id1", "", 7711, 1]],           # decode_responses, integers for the numbers
+], ids=["resp2-bulk", "decoded-ints"])
+def test_hello_node_list_reads_the_same_in_either_protocol_or_decoding(reply: list) -> None:
+    assert replies.parse_hello(reply) == Hello(1, "id1", [HelloNode("id1", "", 7711, 1)])
 
 
 def test_hello_3_map_is_not_taken_for_disque_hello():
@@ -559,7 +567,7 @@ class PolicyClient(ClientBase):
         super().__init__(nodes, retries=retries, rng=random.Random(1))
         self.failed: list[str] = []
 
-    def _node_failed(self, node: Node) -> None:
+    def node_failed(self, node: Node) -> None:
         self.failed.append(node.addr)
 
 
@@ -673,3 +681,85 @@ def test_show_of_a_job_with_a_policy_has_its_dead_letter_fields(reason):
     assert show["deadletter-reason"] == (reason.decode() if reason else None)
     assert (show["max-nacks"], show["redrives"]) == (3, 0)
     assert show["deadletter-time"] == (1795362283205 if reason else None)
+
+
+# ---------------------------------------------------------------------------- RESP2 fallback
+@pytest.mark.parametrize("text", [
+    "wrong number of arguments for 'hello' command",  # antirez's Disque
+    "unknown command 'HELLO', with args beginning with: '3'",
+    "NOPROTO unsupported protocol version",
+])
+def test_a_node_refusing_hello_3_is_spoken_to_over_resp2_from_then_on(text: str) -> None:
+    from redis.exceptions import ResponseError
+
+    c = ClientBase("127.0.0.1:7711,127.0.0.1:7712")
+    a, b = c.nodes
+    assert "protocol" not in c.pool_options(a)
+    assert c.resp3_refused(a, ResponseError(text))
+    assert c.pool_options(a)["protocol"] == 2 and "protocol" not in c.pool_options(b)
+    # a concurrent connection of the refused pool: retried too (from the RESP2 pool)
+    assert c.resp3_refused(a, ResponseError(text)) and c.resp2_nodes == {a.addr}
+
+
+def test_resp2_fallback_never_overrides_an_explicit_protocol_or_other_errors() -> None:
+    from redis.exceptions import AuthenticationError, ResponseError
+
+    c = ClientBase("127.0.0.1:7711", protocol=3)
+    assert not c.resp3_refused(c.nodes[0], ResponseError("wrong number of arguments for "
+                                                         "'hello' command"))
+    c = ClientBase("127.0.0.1:7711")
+    assert not c.resp3_refused(c.nodes[0], AuthenticationError("invalid password"))
+    assert not c.resp3_refused(c.nodes[0], ResponseError("wrong number of arguments for "
+                                                         "'addjob' command"))
+    assert c.resp2_nodes == set()
+
+
+def hello_from(node: Node, priority: int = 1) -> Hello:
+    node_id = f"{node.port:040x}"
+    return Hello(1, node_id, [HelloNode(node_id, node.host, node.port, priority)])
+
+
+def test_connecting_takes_the_first_node_answering_and_cools_down_the_silent_ones() -> None:
+    c = ClientBase("127.0.0.1:1,127.0.0.1:2", rng=random.Random(3))
+    search = Connecting(c)
+    first, second = search.candidates
+    assert search.refused(first, OSError("refused")) is None
+    assert c.table.is_cooling(first.addr)
+    assert search.answered(second, hello_from(second))
+    assert c.node is second and not c.table.is_cooling(second.addr)
+
+
+def test_connecting_ends_on_a_refused_password_and_reports_every_failure() -> None:
+    c = ClientBase("127.0.0.1:1,127.0.0.1:2")
+    search = Connecting(c)
+    first, second = search.candidates
+    refused = AuthError("invalid password")
+    assert search.refused(first, refused) is refused
+    search = Connecting(c)
+    for node in search.candidates:
+        assert search.refused(node, OSError("down")) is None
+    with pytest.raises(DisqueConnectionError, match="no reachable node") as info:
+        search.give_up()
+    assert info.value.unreachable and "127.0.0.1:1: down" in str(info.value)
+
+
+def test_connecting_uses_a_leaving_node_only_when_no_other_answers() -> None:
+    c = ClientBase("127.0.0.1:1,127.0.0.1:2", rng=random.Random(3))
+    search = Connecting(c)
+    first, second = search.candidates
+    assert not search.answered(first, hello_from(first, priority=100))  # leaving
+    assert search.refused(second, OSError("down")) is None
+    assert search.give_up() is first and c.node is first
+
+
+def test_a_failed_or_leaving_refresh_leaves_the_node() -> None:
+    c = ClientBase("127.0.0.1:1,127.0.0.1:2")
+    a, b = c.nodes
+    c.node = a
+    assert c.refreshed(a, hello_from(a))
+    assert c.node is a
+    assert not c.refreshed(a, None)
+    assert c.node is None and c.table.is_cooling(a.addr)
+    c.node = b
+    c.node_failed(a)  # another node's failure does not move the client
+    assert c.node is b

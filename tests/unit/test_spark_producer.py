@@ -13,6 +13,7 @@ import pytest
 from disque.client.base import AddJobsResult
 from disque.client.errors import (
     DisqueConnectionError,
+    DisqueError,
     MaxLenError,
     NoReplicationError,
     OutOfMemoryError,
@@ -267,3 +268,21 @@ def test_arrow_records():
     assert list(arrow_records([batch], dedup_key_col="k")) == [("x", "7"), (b"", "8")]
     assert [json.loads(b) for b, _ in arrow_records([batch], body_format="json")] == [
         {"body": "x", "k": 7}, {"body": None, "k": 8}]
+
+
+def test_a_node_without_addjobs_nor_dedup_gets_the_rows_without_keys() -> None:
+    """antirez's Disque: pipelined ADDJOB ... DEDUP is a syntax error there; the batch is
+    sent again without keys, and so is every later one."""
+    syntax = DisqueError("syntax error")
+    p, log, sleeps = producer([lambda i, addr: syntax], addjobs=False)
+    result = p.run(records(5))
+    assert (result.added, result.failed) == (5, 0)
+    assert [keys for _, _, keys in log] == [["w1:4:0", "w1:4:1", "w1:4:2"], None, None]
+    assert sleeps == [] and p.dedup_refused
+
+
+def test_a_syntax_error_from_a_node_with_addjobs_fails_the_rows() -> None:
+    syntax = DisqueError("syntax error")
+    p, log, _ = producer([lambda i, addr: syntax], addjobs=True)
+    result = p.run(records(3))
+    assert (result.added, result.failed) == (0, 3) and not p.dedup_refused

@@ -309,3 +309,95 @@ def test_async_handlers_are_recognised() -> None:
 
     assert is_async(coro) and is_async(Callable_())
     assert not is_async(print) and not is_async(lambda job: None)
+
+
+# -- the settings consume() runs the core with -----------------------------------------------
+def test_max_jobs_reserves_what_each_fetch_asks_so_fetchers_never_get_more_together() -> None:
+    core, _ = make(count=3, max_jobs=5)
+    assert core.fetch_count() == 3
+    assert core.fetch_count() == 2  # another fetcher: only what is left
+    assert core.fetch_count() == 0 and core.fetching  # all reserved, none received yet
+    core.fetched([job(1)], NODE, asked=3)  # 2 of the 3 asked for did not come
+    assert core.fetch_count() == 2
+    core.fetch_failed(OSError("down"), asked=2)  # a failed fetch gives its share back
+    core.fetched([job(2), job(3)], NODE, asked=2)
+    assert core.fetch_count() == 2
+    core.fetched([job(4), job(5)], NODE, asked=2)
+    assert core.fetch_count() == 0
+    assert not core.fetching and core.summary()["stop"] == "max_jobs"
+    assert core.stats.received == 5
+
+
+def test_max_jobs_zero_stops_before_any_fetch() -> None:
+    core, _ = make(max_jobs=0)
+    assert core.fetch_count() == 0 and not core.fetching
+
+
+def test_without_give_back_jobs_fetched_before_a_stop_still_run() -> None:
+    core, _ = make(give_back=False, forcible=False)
+    a, b = job(1), job(2)
+    core.fetched([a, b], NODE)
+    assert core.may_start(a)
+    assert core.stop("stop event") is False
+    assert core.stop("SIGINT") is False  # not forcible: a second request changes nothing
+    assert core.may_start(b) and core.state == WorkerCore.STOPPING
+    assert core.fetch_count() == 0
+
+
+def test_base_zero_nacks_without_delay_and_heartbeats_can_be_off() -> None:
+    core, clock = make(backoff_base=0, heartbeats=False)
+    j = running(core, job(nacks=4))
+    assert core.failed(j, NODE).delay == 0
+    clock.now += 10
+    assert core.heartbeats_due() == [] and core.heartbeats.jobs == {}
+
+
+def test_a_constant_fetch_retry_wait() -> None:
+    core, _ = make(fetch_retry_first=0.5, fetch_retry_max=0.5)
+    assert [core.fetch_failed(OSError("down")) for _ in range(4)] == [0.5] * 4
+
+
+@pytest.mark.parametrize("kind", [ACK, NACK])
+def test_a_command_a_leaving_node_refused_goes_elsewhere(kind: str) -> None:
+    from disque.client import LeavingError
+
+    core, _ = make()
+    command = Command(kind, job().id, NODE)
+    assert core.not_sent(command, LeavingError("node is leaving")) == Command(kind,
+                                                                               command.job_id)
+
+
+def test_following_names_the_producers_node_every_n_jobs() -> None:
+    from disque.client import Node
+
+    here = Node("h", 1, id="aaaaaaaa" + "0" * 32)
+    core, _ = make(follow_every=60)
+    other = [Job("q", f"D-bbbbbbbb-{n:024d}-0001", b"") for n in range(60)]
+    assert core.producers_prefix(here) is None  # nothing counted yet
+    core.fetched(other[:59], here)
+    assert core.producers_prefix(here) is None  # not 60 jobs yet
+    core.fetched(other[59:], here)
+    assert core.producers_prefix(here) == "bbbbbbbb"
+    assert core.producers_prefix(here) is None  # counted again from 0
+    core.followed("h2:2", None)
+    core.followed("h3:3", OSError("refused"))
+    assert core.stats.switches == 1 and "moving to h3:3" in core.summary()["notes"][0]
+    plain, _ = make()
+    plain.fetched(other, here)
+    assert plain.producers_prefix(here) is None  # following is off by default
+
+
+def test_consume_logs_the_drivers_events_through_stdlib_logging(
+        caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from disque.worker.driver import StdlibEvents
+
+    events = StdlibEvents(logging.getLogger("disque.client.consumer"))
+    with caplog.at_level(logging.INFO, logger="disque.client.consumer"):
+        events.warning("job.failed", job="D-1", error="ValueError('x y')", nack_delay=0)
+        events.info("worker.stopping", reason="SIGINT")
+    assert [r.getMessage() for r in caplog.records] == [
+        "job.failed job=D-1 error=\"ValueError('x y')\" nack_delay=0",
+        "worker.stopping reason=SIGINT"]
+    assert [r.levelname for r in caplog.records] == ["WARNING", "INFO"]
