@@ -23,14 +23,21 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final, Protocol
 
-RES = 5  # ms per bucket
+RES: Final = 5  # ms per bucket
+NEVER: Final = 1 << 62  # a bucket key no timer reaches: next_key() of an empty wheel
 _STALE_KEYS_MIN = 1024  # bucket keys of dropped buckets tolerated in the heap
 # A bucket is rebuilt once its stale copies reach its live entries plus this: at most
 # live + STALE_SLACK - 1 stale copies per bucket, and a rebuild (a scan of the bucket) per
 # STALE_SLACK stale copies at least. Buckets usually empty whole (dropped, no scan).
 STALE_SLACK = 8
+
+
+class Scheduled(Protocol):
+    """What the wheel holds: anything with an `awake` time (ms; 0 = not scheduled)."""
+
+    awake: int
 
 
 class Timer:
@@ -54,6 +61,8 @@ class _Bucket(list):  # type: ignore[type-arg]
     it is in has two copies, and counts twice until the next rebuild)."""
 
     __slots__ = ("stale", "live")
+    stale: int
+    live: int
 
 
 class TimerWheel:
@@ -72,7 +81,7 @@ class TimerWheel:
         key = -(-awake // RES)
         return key if key > self._fired else self._fired + 1
 
-    def schedule(self, entry: Any, when_ms: int) -> None:
+    def schedule(self, entry: Scheduled, when_ms: int) -> None:
         """Make `entry` due at `when_ms` (sets entry.awake)."""
         old = entry.awake
         entry.awake = when_ms
@@ -105,7 +114,7 @@ class TimerWheel:
         bucket.append(entry)
         bucket.live += 1
 
-    def cancel(self, entry: Any) -> None:
+    def cancel(self, entry: Scheduled) -> None:
         """Unschedule `entry` (awake = 0): the wheel lets it go with its bucket's next rebuild
         or drop, or when the bucket comes due."""
         old = entry.awake
@@ -168,6 +177,14 @@ class TimerWheel:
             self._heap = list(self._buckets)
             heapq.heapify(self._heap)
             self._stale_keys = 0
+
+    def next_key(self) -> int:
+        """The key of the earliest bucket (a bucket fires at key * RES ms), NEVER when the
+        wheel is empty. The I/O layer compares it with the key its loop timer is armed for
+        after every read, so it is one heap peek: it may be the key of a bucket dropped
+        since (the timer then wakes for nothing, once)."""
+        heap = self._heap
+        return heap[0] if heap else NEVER
 
     def next_due(self) -> int | None:
         """Earliest time (ms) at which due() may return something, or None if empty."""
