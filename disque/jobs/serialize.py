@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import struct
 
-import msgpack
+import msgpack  # type: ignore[import-untyped]
 
 from disque.jobs.deadletter import DeadLetter
 from disque.jobs.job import F_DELIVERED, Job
