@@ -3,11 +3,11 @@ SHOW, JSCAN, LOADJOB. Validation order and texts follow the checklist (section 4
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from disque.cluster.jobs import ReplWaiter
-from disque.commands import command, int_arg, parse_int, timeout_arg
+from disque.commands import Caller, command, int_arg, parse_int, timeout_arg
 from disque.jobs.deadletter import REASON_NAMES, DeadLetter
 from disque.jobs.ids import is_valid_id
 from disque.jobs.job import (
@@ -22,6 +22,10 @@ from disque.jobs.job import (
 from disque.node import Waiter
 from disque.protocol.errors import CommandError, aof_write_failed, badid, err, syntax
 from disque.protocol.reply import Status, array_len, encode, integer
+
+if TYPE_CHECKING:
+    from disque.aof.writer import AppendOnlyFile
+    from disque.node import Node
 
 
 def job_ids(argv: list[bytes], start: int = 1) -> list[bytes]:
@@ -51,6 +55,7 @@ def _queue_head(q: bytes) -> bytes:
 def job_entry(job: Job, withcounters: bool) -> bytes:
     q = job.queue
     body = job.body
+    assert q is not None and body is not None  # (a job handed out or peeked is queued)
     if withcounters:
         return (b"*7\r\n$%d\r\n%b\r\n$40\r\n%b\r\n$%d\r\n%b\r\n$5\r\nnacks\r\n:%d\r\n"
                 b"$21\r\nadditional-deliveries\r\n:%d\r\n"
@@ -65,6 +70,7 @@ def jobs_reply(jobs: list[Job], withcounters: bool) -> bytes:
         job = jobs[0]
         q = job.queue
         body = job.body
+        assert q is not None and body is not None  # (a job handed out is queued)
         n = len(body)
         return b"".join((b"*1\r\n", _QUEUE_HEADS.get(q) or _queue_head(q), job.id,
                          _BODY_HEADS[n] if n < 4096 else b"\r\n$%d\r\n" % n, body,
@@ -174,7 +180,7 @@ def parse_addjob_options(argv: list[bytes], i: int, end: int, batch: bool = Fals
     return o
 
 
-def add_one_job(c: Any, queue: bytes, body: bytes, timeout: int, o: AddJobOptions,
+def add_one_job(c: Caller, queue: bytes, body: bytes, timeout: int, o: AddJobOptions,
                 dedup: bytes | None, unqueued: int = 0) -> bytes | BlockedAddJob:
     """One ADDJOB: its reply, or the waiter of a synchronous replication in flight (the
     caller parks the client on it). CommandError for a refused job. `unqueued`: jobs of
@@ -207,7 +213,7 @@ def add_one_job(c: Any, queue: bytes, body: bytes, timeout: int, o: AddJobOption
     return b"+%b\r\n" % job.id
 
 
-def deadletter_policy(node: Any, queue: bytes, o: AddJobOptions) -> DeadLetter | None:
+def deadletter_policy(node: Node, queue: bytes, o: AddJobOptions) -> DeadLetter | None:
     """The job's dead-letter policy from its options and the node's defaults
     (default-max-deliveries, default-max-nacks, deadletter-queue); None without a limit
     and without DEADLETTER."""
@@ -225,18 +231,18 @@ _NO_OPTIONS = AddJobOptions()  # shared, never modified: plain `ADDJOB q body ti
 
 
 @command("addjob", -4, "write denyoom fast", logs=True)
-def cmd_addjob(c: Any, argv: list[bytes]) -> None:
+def cmd_addjob(c: Caller, argv: list[bytes]) -> None:
     o = _NO_OPTIONS if len(argv) == 4 else parse_addjob_options(argv, 4, len(argv))
     timeout = 0 if argv[3] == b"0" else timeout_arg(argv[3])
     res = add_one_job(c, argv[1], argv[2], timeout, o, o.dedup)
-    if type(res) is bytes:
+    if isinstance(res, bytes):
         c.out.append(res)
     else:
         c.block(res)
 
 
 @command("addjobs", -5, "write denyoom", logs=True)
-def cmd_addjobs(c: Any, argv: list[bytes]) -> None:
+def cmd_addjobs(c: Caller, argv: list[bytes]) -> None:
     """ADDJOBS queue ms-timeout [options] [WITHDEDUP] JOBS body [body ...]: many jobs with
     the same options, replicated together; one reply per job, in order (its ID, or its
     error). With WITHDEDUP the arguments after JOBS are `dedup-key body` pairs."""
@@ -274,7 +280,7 @@ def cmd_addjobs(c: Any, argv: list[bytes]) -> None:
                 res = add_one_job(c, queue, items[k], timeout, o, None, unqueued)
         except CommandError as exc:
             res = exc.resp()
-        if type(res) is bytes:
+        if isinstance(res, bytes):
             group.add_reply(res, persist is not None and persist.appended != logged)
         else:
             group.add_waiter(res)
@@ -287,8 +293,8 @@ class BlockedAddJob(ReplWaiter):
     """A synchronous ADDJOB waiting for its copies (GOTJOB from enough nodes). Its reply
     goes to the client, or to its slot of an `AddJobGroup`."""
 
-    def __init__(self, client: Any, queue: bytes, dedup: bytes | None) -> None:
-        self.client = client
+    def __init__(self, client: Caller, queue: bytes, dedup: bytes | None) -> None:
+        self.client: Caller | None = client
         self.queue = queue
         self.dedup = dedup
         self.group: AddJobGroup | None = None
@@ -298,7 +304,7 @@ class BlockedAddJob(ReplWaiter):
         group = self.group
         if group is not None:
             group.fill(self.slot, reply)
-        else:
+        elif self.client is not None:
             self.client.unblocked(reply)
 
     def on_added(self, job_id: bytes) -> None:
@@ -329,15 +335,15 @@ class BlockedAddJob(ReplWaiter):
                 and self.dedup is not None:
             node.dedup_forget(self.queue, self.dedup, self.job_id)
 
-    def absorb(self, c: Any, reqs: list[list[bytes]]) -> list[list[bytes]]:
+    def absorb(self, c: Caller, reqs: list[list[bytes]]) -> list[list[bytes]]:
         """The client pipelined more ADDJOBs behind this blocked one: start them now, so
         that their copies travel in the same bus frames, and answer them all together, in
         order, once every one is answered. What they reply is what one-by-one execution
         would reply, with one exception, excluded here: MAXLEN counts queued jobs, and a
         job waiting for its copies is not queued yet, so an ADDJOB with MAXLEN (and what
         follows it) still waits its turn. Returns the requests left for later."""
-        server = c.server
-        lookup = server.lookup
+        dispatch = c.server.dispatch
+        lookup = dispatch.lookup
         group: AddJobGroup | None = None
         marks = c.aof_marks
         k = 0
@@ -350,7 +356,7 @@ class BlockedAddJob(ReplWaiter):
                 group.add_waiter(self)
             c.waiter = None
             mark = len(c.out)
-            server.execute(c, argv)
+            dispatch.execute(c, argv)
             waiter = c.waiter
             if waiter is not None:
                 group.add_waiter(waiter)
@@ -377,14 +383,14 @@ class AddJobGroup:
 
     __slots__ = ("client", "head", "slots", "waiters", "waiting", "logged", "persist")
 
-    def __init__(self, client: Any, head: bytes) -> None:
-        self.client = client
+    def __init__(self, client: Caller, head: bytes) -> None:
+        self.client: Caller | None = client
         self.head = head  # ADDJOBS: the array header
         self.slots: list[bytes | None] = []
         self.waiters: list[BlockedAddJob] = []
         self.waiting = 0
         self.logged: list[int] = []  # slots answered at once whose job the AOF logged
-        self.persist: Any = None
+        self.persist: AppendOnlyFile | None = None
 
     def add_reply(self, reply: bytes, logged: bool = False) -> None:
         if logged:
@@ -398,7 +404,7 @@ class AddJobGroup:
         self.waiters.append(waiter)
         self.waiting += 1
 
-    def seal(self, c: Any, persist: Any) -> None:
+    def seal(self, c: Caller, persist: AppendOnlyFile | None) -> None:
         """Every job of the group is in: answer now (the dispatcher holds the reply until
         the AOF has what it logged), or park the client until the last copy is confirmed,
         and the AOF write of the jobs answered at once, if any."""
@@ -437,7 +443,7 @@ class AddJobGroup:
 
     def release(self) -> None:
         """Break the group <-> waiter cycles (the collector only runs on young objects,
-        see Server.gc_tick)."""
+        see Cron.gc_tick)."""
         for w in self.waiters:
             w.group = None
         self.waiters = []
@@ -456,23 +462,30 @@ class BlockedGetJob(Waiter):
 
     __slots__ = ("client",)
 
-    def __init__(self, client: Any, queues: list[bytes], count: int,
+    def __init__(self, client: Caller, queues: list[bytes], count: int,
                  withcounters: bool) -> None:
         super().__init__(queues, count, withcounters)
-        self.client = client
+        self.client: Caller | None = client
 
+    # (the node calls these only while the client waits: it unblocks a client that leaves)
     def on_jobs(self, jobs: list[Job]) -> None:
-        self.client.unblocked(jobs_reply(jobs, self.withcounters))
+        c = self.client
+        if c is not None:
+            c.unblocked(jobs_reply(jobs, self.withcounters))
 
     def on_timeout(self) -> None:
-        self.client.unblocked(self.client.null_array)
+        c = self.client
+        if c is not None:
+            c.unblocked(c.null_array)
 
     def on_error(self, error: CommandError) -> None:
-        self.client.unblocked(error.resp())
+        c = self.client
+        if c is not None:
+            c.unblocked(error.resp())
 
 
 @command("getjob", -2, "write fast")
-def cmd_getjob(c: Any, argv: list[bytes]) -> None:
+def cmd_getjob(c: Caller, argv: list[bytes]) -> None:
     nohang = withcounters = False
     timeout = 0
     count = 1
@@ -515,7 +528,7 @@ def cmd_getjob(c: Any, argv: list[bytes]) -> None:
 
 # ---------------------------------------------------------------------------- ACK family
 @command("ackjob", -1, "write fast")
-def cmd_ackjob(c: Any, argv: list[bytes]) -> None:
+def cmd_ackjob(c: Caller, argv: list[bytes]) -> None:
     node = c.node
     c.out.append(integer(node.ackjob(job_ids(argv))))
     if node.out:
@@ -523,22 +536,22 @@ def cmd_ackjob(c: Any, argv: list[bytes]) -> None:
 
 
 @command("fastack", -1, "write fast")
-def cmd_fastack(c: Any, argv: list[bytes]) -> None:
+def cmd_fastack(c: Caller, argv: list[bytes]) -> None:
     c.out.append(integer(c.node.fastack(job_ids(argv))))
 
 
 @command("deljob", -1, "write fast")
-def cmd_deljob(c: Any, argv: list[bytes]) -> None:
+def cmd_deljob(c: Caller, argv: list[bytes]) -> None:
     c.out.append(integer(c.node.deljob(job_ids(argv))))
 
 
 @command("enqueue", -1, "write denyoom fast")
-def cmd_enqueue(c: Any, argv: list[bytes]) -> None:
+def cmd_enqueue(c: Caller, argv: list[bytes]) -> None:
     c.out.append(integer(c.node.enqueue_jobs(job_ids(argv), nack=False)))
 
 
 @command("nack", -1, "write denyoom fast")
-def cmd_nack(c: Any, argv: list[bytes]) -> None:
+def cmd_nack(c: Caller, argv: list[bytes]) -> None:
     """NACK job-id ... [DELAY seconds]: the option may stand anywhere among the IDs (no job ID
     can be mistaken for it)."""
     delay: int | None = None
@@ -558,23 +571,23 @@ def cmd_nack(c: Any, argv: list[bytes]) -> None:
 
 
 @command("dequeue", -1, "write fast")
-def cmd_dequeue(c: Any, argv: list[bytes]) -> None:
+def cmd_dequeue(c: Caller, argv: list[bytes]) -> None:
     c.out.append(integer(c.node.dequeue_jobs(job_ids(argv))))
 
 
 @command("working", 2, "write fast")
-def cmd_working(c: Any, argv: list[bytes]) -> None:
+def cmd_working(c: Caller, argv: list[bytes]) -> None:
     job_ids(argv)
     c.out.append(integer(c.node.working(argv[1])))
 
 
 @command("loadjob", 2, "write", logs=True)
-def cmd_loadjob(c: Any, argv: list[bytes]) -> None:
+def cmd_loadjob(c: Caller, argv: list[bytes]) -> None:
     raise err("LOADJOB is a special command only processed from AOF")
 
 
 # ---------------------------------------------------------------------------- SHOW / JSCAN
-def show_fields(node: Any, job: Job) -> list[Any]:
+def show_fields(node: Node, job: Job) -> list[Any]:
     """The 30-element SHOW description (checklist section 5)."""
     now = node.clock()
     dummy = job.flags & F_DUMMY
@@ -616,7 +629,7 @@ def deadletter_fields(dl: DeadLetter) -> list[Any]:
 
 # ---------------------------------------------------------------------------- REDRIVE
 @command("redrive", -2, "write denyoom", logs=True)
-def cmd_redrive(c: Any, argv: list[bytes]) -> None:
+def cmd_redrive(c: Caller, argv: list[bytes]) -> None:
     """REDRIVE dead-letter-queue [COUNT n] [RATE jobs-per-second] [RESET] [ID id ...]:
     dead jobs queued here back to their source queues, by a task moving RATE a second
     (reply: how many it will move), or the IDs given, at once (reply: how many moved)."""
@@ -651,7 +664,7 @@ def cmd_redrive(c: Any, argv: list[bytes]) -> None:
 
 
 @command("show", 2, "readonly fast")
-def cmd_show(c: Any, argv: list[bytes]) -> None:
+def cmd_show(c: Caller, argv: list[bytes]) -> None:
     job_ids(argv)
     job = c.node.lookup_job(argv[1])
     if job is None:
@@ -679,7 +692,7 @@ def parse_cursor(token: bytes, cursor: int | None) -> int:
     return (_CURSOR_LIMIT - value) % _CURSOR_LIMIT if token[:1] == b"-" else value
 
 
-def scan_args(argv: list[bytes], valued: dict[bytes, Callable[[bytes], Any]]
+def scan_args(argv: list[bytes], valued: Mapping[bytes, Callable[[bytes], Any]]
               ) -> tuple[int, list[tuple[bytes, Any]], bool]:
     """QSCAN/JSCAN arguments: BUSYLOOP, `name value` options (in order, repeatable) and one
     cursor: any other token, or an option keyword with no value after it, is the cursor.
@@ -723,7 +736,7 @@ _JSCAN_OPTS: dict[bytes, Callable[[bytes], Any]] = {
 
 
 @command("jscan", -1, "readonly")
-def cmd_jscan(c: Any, argv: list[bytes]) -> None:
+def cmd_jscan(c: Caller, argv: list[bytes]) -> None:
     cursor, opts, busyloop = scan_args(argv, _JSCAN_OPTS)
     count = 100
     queue = None
