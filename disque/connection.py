@@ -188,7 +188,7 @@ class Client(asyncio.Protocol):
             # on loopback the write wakes the peer, which then runs on the other core while
             # this loop serves the rest of the batch.
             self.flush()
-        if server.node.wheel.next_key() < server.wake_key:
+        if server.node.wheel.earliest < server.wake_key:
             server.arm_timer()
 
     # ------------------------------------------------------------------ execution

@@ -225,7 +225,7 @@ class Server:
     # ------------------------------------------------------------------ timers
     def arm_timer(self) -> None:
         """Arm the loop timer for the node's next due time."""
-        key = self.node.wheel.next_key()
+        key = self.node.wheel.earliest
         if key == NEVER:
             return
         if key >= self.wake_key and self.wake_handle is not None:

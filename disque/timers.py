@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any, Final, Protocol
 
 RES: Final = 5  # ms per bucket
-NEVER: Final = 1 << 62  # a bucket key no timer reaches: next_key() of an empty wheel
+NEVER: Final = 1 << 62  # a bucket key no timer reaches: `earliest` of an empty wheel
 _STALE_KEYS_MIN = 1024  # bucket keys of dropped buckets tolerated in the heap
 # A bucket is rebuilt once its stale copies reach its live entries plus this: at most
 # live + STALE_SLACK - 1 stale copies per bucket, and a rebuild (a scan of the bucket) per
@@ -66,13 +66,22 @@ class _Bucket(list):  # type: ignore[type-arg]
 
 
 class TimerWheel:
-    __slots__ = ("_buckets", "_heap", "_fired", "_stale_keys")
+    """Invariant: `earliest` is the smallest key in the heap (NEVER when it is empty).
+
+    The I/O layer reads `earliest` after every read of a client, to re-arm its loop timer
+    when a command scheduled something sooner than the timer's instant: an attribute, kept
+    up to date where the heap changes (a new bucket, due(), a heap rebuild), so that check
+    costs no call. It may be the key of a bucket dropped since (the timer then wakes for
+    nothing, once), as the heap's head may."""
+
+    __slots__ = ("_buckets", "_heap", "_fired", "_stale_keys", "earliest")
 
     def __init__(self) -> None:
         self._buckets: dict[int, _Bucket] = {}
         self._heap: list[int] = []  # bucket keys; some may be of buckets dropped since
         self._fired = -1  # last bucket key handed out by due()
         self._stale_keys = 0  # keys in the heap whose bucket was dropped
+        self.earliest = NEVER  # the heap's smallest key (see the class docstring)
 
     def _key_of(self, awake: int) -> int:
         """The bucket `schedule` puts an entry due at `awake` in, as of now (a bucket
@@ -111,6 +120,8 @@ class TimerWheel:
             bucket = buckets[key] = _Bucket()
             bucket.stale = bucket.live = 0
             heapq.heappush(self._heap, key)
+            if key < self.earliest:
+                self.earliest = key
         bucket.append(entry)
         bucket.live += 1
 
@@ -174,17 +185,10 @@ class TimerWheel:
         del self._buckets[key]
         self._stale_keys += 1
         if self._stale_keys > _STALE_KEYS_MIN and self._stale_keys > len(self._buckets):
-            self._heap = list(self._buckets)
-            heapq.heapify(self._heap)
+            heap = self._heap = list(self._buckets)
+            heapq.heapify(heap)
+            self.earliest = heap[0] if heap else NEVER
             self._stale_keys = 0
-
-    def next_key(self) -> int:
-        """The key of the earliest bucket (a bucket fires at key * RES ms), NEVER when the
-        wheel is empty. The I/O layer compares it with the key its loop timer is armed for
-        after every read, so it is one heap peek: it may be the key of a bucket dropped
-        since (the timer then wakes for nothing, once)."""
-        heap = self._heap
-        return heap[0] if heap else NEVER
 
     def next_due(self) -> int | None:
         """Earliest time (ms) at which due() may return something, or None if empty."""
@@ -204,6 +208,7 @@ class TimerWheel:
             else:
                 out.extend(bucket)
             self._fired = key
+        self.earliest = heap[0] if heap else NEVER
         return out
 
     def entries(self) -> list[Any]:
@@ -217,4 +222,5 @@ class TimerWheel:
     def clear(self) -> None:
         self._buckets.clear()
         self._heap.clear()
+        self.earliest = NEVER
         self._stale_keys = 0
