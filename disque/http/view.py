@@ -24,7 +24,8 @@ import hiredis
 
 from disque.cluster.nodes import flag_names
 from disque.commands import Blocker, Caller, Command
-from disque.commands.admin import info_sections, password_bytes
+from disque.commands.admin import password_bytes
+from disque.commands.info import info_sections
 from disque.commands.queues import queue_stats
 from disque.jobs.job import STATE_NAMES
 from disque.protocol.reply import NULL_ARRAY2, NULL_BULK2
