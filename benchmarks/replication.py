@@ -8,7 +8,7 @@ node's outbox is split per destination, encoded with `encode_many` (frames share
 links, as `Bus.flush` does) and fed to the receiver's `FrameDecoder`, whose messages go to
 `node.on_message`, as `Server.route_out` and `Server.on_job_message` do. Every round the
 clock moves on and every node's timer wheel runs what is due; every few thousand jobs the
-young objects are collected and frozen, as `Server.gc_tick` does from the cron.
+young objects are collected and frozen, as `Cron.gc_tick` does.
 
 A round is `batch` ADDJOBs taken in one loop iteration (1: an unpipelined client; 16: a
 client pipelining 16, absorbed into one group; 500: ADDJOBS or many clients at once), then
@@ -45,7 +45,7 @@ from disque.protocol.errors import CommandError
 T0 = 1_700_000_000_000
 NODE_IDS = tuple(bytes([c]) * 40 for c in b"abc")
 JOB_US = 20  # simulated time per job: about the rate of the 3-node benchmark
-GC_EVERY = 3000  # jobs between young-object collections (Server.gc_tick every 100 ms)
+GC_EVERY = 3000  # jobs between young-object collections (Cron.gc_tick every 100 ms)
 BODY = b"0123456789abcdef"
 
 

@@ -1,3 +1,3 @@
-from disque.server import main
+from disque.process import main
 
 raise SystemExit(main())

@@ -23,14 +23,21 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final, Protocol
 
-RES = 5  # ms per bucket
+RES: Final = 5  # ms per bucket
+NEVER: Final = 1 << 62  # a bucket key no timer reaches: `earliest` of an empty wheel
 _STALE_KEYS_MIN = 1024  # bucket keys of dropped buckets tolerated in the heap
 # A bucket is rebuilt once its stale copies reach its live entries plus this: at most
 # live + STALE_SLACK - 1 stale copies per bucket, and a rebuild (a scan of the bucket) per
 # STALE_SLACK stale copies at least. Buckets usually empty whole (dropped, no scan).
 STALE_SLACK = 8
+
+
+class Scheduled(Protocol):
+    """What the wheel holds: anything with an `awake` time (ms; 0 = not scheduled)."""
+
+    awake: int
 
 
 class Timer:
@@ -48,22 +55,33 @@ class Timer:
         self.awake = 0
 
 
-class _Bucket(list):  # type: ignore[type-arg]
+class _Bucket(list):
     """The entries of one RES ms slot; how many of them went stale since it was built, and
     how many are live at most (exact after a rebuild; an entry rescheduled into the bucket
     it is in has two copies, and counts twice until the next rebuild)."""
 
     __slots__ = ("stale", "live")
+    stale: int
+    live: int
 
 
 class TimerWheel:
-    __slots__ = ("_buckets", "_heap", "_fired", "_stale_keys")
+    """Invariant: `earliest` is the smallest key in the heap (NEVER when it is empty).
+
+    The I/O layer reads `earliest` after every read of a client, to re-arm its loop timer
+    when a command scheduled something sooner than the timer's instant: an attribute, kept
+    up to date where the heap changes (a new bucket, due(), a heap rebuild), so that check
+    costs no call. It may be the key of a bucket dropped since (the timer then wakes for
+    nothing, once), as the heap's head may."""
+
+    __slots__ = ("_buckets", "_heap", "_fired", "_stale_keys", "earliest")
 
     def __init__(self) -> None:
         self._buckets: dict[int, _Bucket] = {}
         self._heap: list[int] = []  # bucket keys; some may be of buckets dropped since
         self._fired = -1  # last bucket key handed out by due()
         self._stale_keys = 0  # keys in the heap whose bucket was dropped
+        self.earliest = NEVER  # the heap's smallest key (see the class docstring)
 
     def _key_of(self, awake: int) -> int:
         """The bucket `schedule` puts an entry due at `awake` in, as of now (a bucket
@@ -72,7 +90,7 @@ class TimerWheel:
         key = -(-awake // RES)
         return key if key > self._fired else self._fired + 1
 
-    def schedule(self, entry: Any, when_ms: int) -> None:
+    def schedule(self, entry: Scheduled, when_ms: int) -> None:
         """Make `entry` due at `when_ms` (sets entry.awake)."""
         old = entry.awake
         entry.awake = when_ms
@@ -102,10 +120,12 @@ class TimerWheel:
             bucket = buckets[key] = _Bucket()
             bucket.stale = bucket.live = 0
             heapq.heappush(self._heap, key)
+            if key < self.earliest:
+                self.earliest = key
         bucket.append(entry)
         bucket.live += 1
 
-    def cancel(self, entry: Any) -> None:
+    def cancel(self, entry: Scheduled) -> None:
         """Unschedule `entry` (awake = 0): the wheel lets it go with its bucket's next rebuild
         or drop, or when the bucket comes due."""
         old = entry.awake
@@ -165,8 +185,9 @@ class TimerWheel:
         del self._buckets[key]
         self._stale_keys += 1
         if self._stale_keys > _STALE_KEYS_MIN and self._stale_keys > len(self._buckets):
-            self._heap = list(self._buckets)
-            heapq.heapify(self._heap)
+            heap = self._heap = list(self._buckets)
+            heapq.heapify(heap)
+            self.earliest = heap[0] if heap else NEVER
             self._stale_keys = 0
 
     def next_due(self) -> int | None:
@@ -187,6 +208,7 @@ class TimerWheel:
             else:
                 out.extend(bucket)
             self._fired = key
+        self.earliest = heap[0] if heap else NEVER
         return out
 
     def entries(self) -> list[Any]:
@@ -200,4 +222,5 @@ class TimerWheel:
     def clear(self) -> None:
         self._buckets.clear()
         self._heap.clear()
+        self.earliest = NEVER
         self._stale_keys = 0

@@ -12,10 +12,13 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 from disque.aof.format import AofFormatError, Incomplete, parse_record
 from disque.jobs.serialize import SerializeError, deserialize_job
+
+if TYPE_CHECKING:
+    from disque.node import Node
 
 CHUNK = 256 * 1024  # bytes per step (~1-2k jobs): clients get -LOADING between steps
 
@@ -25,7 +28,7 @@ class AofLoadError(Exception):
 
 
 class AofLoader:
-    def __init__(self, path: str, node: Any, enqueue_queued: bool, load_truncated: bool) -> None:
+    def __init__(self, path: str, node: Node, enqueue_queued: bool, load_truncated: bool) -> None:
         self.path = path
         self.node = node
         self.enqueue_queued = enqueue_queued
@@ -79,9 +82,9 @@ class AofLoader:
             if self.node.load_job(job, self.enqueue_queued):
                 self.jobs_loaded += 1
         elif cmd == b"DELJOB" and len(argv) == 2:
-            job = self.node.lookup_job(argv[1])
-            if job is not None:
-                self.node.unregister(job)
+            known = self.node.lookup_job(argv[1])
+            if known is not None:
+                self.node.unregister(known)
                 self.jobs_deleted += 1
         else:
             name = argv[0].decode(errors="replace")

@@ -14,15 +14,19 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from disque.aof.loader import AofLoader, AofLoadError
 from disque.aof.writer import AppendOnlyFile, Rewrite
-from disque.config import ConfigSetError, config_rewrite, on_set
+from disque.config import Config, ConfigSetError, config_rewrite, on_set
 from disque.latency import AOF_REWRITE
 from disque.protocol.errors import aof_write_failed
+
+if TYPE_CHECKING:
+    from disque.connection import Client
+    from disque.server import Server
 
 log = structlog.get_logger("disque.aof")
 
@@ -45,14 +49,14 @@ def rewrite_backoff(failures: int) -> float:
 
 
 class AofManager:
-    def __init__(self, server: Any) -> None:
+    def __init__(self, server: Server) -> None:
         self.server = server
         self.cfg = server.cfg
         self.node = server.node
         self.aof: AppendOnlyFile | None = None
         # clients whose replies wait for the fsync (always), or for the one write of the
         # loop iteration (everysec, no: see hold)
-        self.held: list[Any] = []
+        self.held: list[Client] = []
         self.write_scheduled = False
         self.rewrite: Rewrite | None = None
         self.rewrite_scheduled = False
@@ -128,7 +132,7 @@ class AofManager:
         self.node.persist = self.aof
 
     # ------------------------------------------------------------------ replies
-    def hold(self, client: Any) -> bool:
+    def hold(self, client: Client) -> bool:
         """Called with a client's replies ready: True if they must wait. Under `always` they
         wait for the fsync. Under `everysec` and `no` the replies of commands that logged
         records wait for the end of the loop iteration, where one write puts every client's
@@ -156,7 +160,9 @@ class AofManager:
             self.held.append(client)
             if not self.write_scheduled:
                 self.write_scheduled = True
-                self.server.loop.call_soon(self.write_and_release)
+                loop = self.server.loop
+                assert loop is not None
+                loop.call_soon(self.write_and_release)
         return True
 
     def write_and_release(self) -> None:
@@ -208,10 +214,11 @@ class AofManager:
         return str(aof_write_failed(error or "unknown error"))
 
     # ------------------------------------------------------------------ run time
-    def _on_appendonly(self, cfg: Any, name: str) -> None:
+    def _on_appendonly(self, cfg: Config, name: str) -> None:
         if cfg.appendonly and self.aof is None:
             self.open(wait_rewrite=True)
             if not self.start_rewrite():
+                assert self.aof is not None  # (open() made it)
                 self.aof.close()
                 self.aof = None
                 self.node.persist = None
@@ -219,7 +226,7 @@ class AofManager:
         elif not cfg.appendonly and self.aof is not None:
             self.stop()
 
-    def _on_appendfsync(self, cfg: Any, name: str) -> None:
+    def _on_appendfsync(self, cfg: Config, name: str) -> None:
         if self.aof is not None:
             self.aof.set_policy(cfg.appendfsync)
 

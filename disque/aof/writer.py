@@ -36,8 +36,8 @@ import fcntl
 import os
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
 import structlog
 
@@ -100,7 +100,7 @@ ERROR_LOG_INTERVAL = 1.0  # seconds between two log lines about the same failing
 class AppendOnlyFile:
     """The node's `persist` sink while appendonly is on (or while a rewrite runs)."""
 
-    def __init__(self, path: str, policy: str, call_soon: Callable[[Callable[[], None]], Any],
+    def __init__(self, path: str, policy: str, call_soon: Callable[[Callable[[], None]], object],
                  on_flushed: Callable[[], None], wait_rewrite: bool = False,
                  latency: LatencyMonitor | None = None,
                  on_failed: Callable[[list[Job]], None] | None = None,
@@ -399,7 +399,15 @@ class AppendOnlyFile:
         self.confirmed()
 
 
-def write_snapshot(jobs: Any, fd: int, start: int, budget: int) -> tuple[int, int]:
+class JobShards(Protocol):
+    """The registry as a rewrite walks it: a shard at a time (see disque.scan.ScanDict)."""
+
+    def shard_count(self) -> int: ...
+
+    def shard(self, index: int) -> Mapping[bytes, Job]: ...
+
+
+def write_snapshot(jobs: JobShards, fd: int, start: int, budget: int) -> tuple[int, int]:
     """Write a LOADJOB for every active, queued or acked job (acked: without its body; not
     dummy ACKs) of the registry shards from `start` until `budget` jobs were looked at;
     returns (next shard, bytes written)."""
@@ -425,7 +433,7 @@ def write_snapshot(jobs: Any, fd: int, start: int, budget: int) -> tuple[int, in
 class Rewrite:
     """One AOF rewrite from the live registry, in steps on the event loop."""
 
-    def __init__(self, jobs: Any, path: str, temp_path: str, aof: AppendOnlyFile | None,
+    def __init__(self, jobs: JobShards, path: str, temp_path: str, aof: AppendOnlyFile | None,
                  done: Callable[[bool, str], None], incremental_fsync: bool = True) -> None:
         self.jobs = jobs
         # absolute: a CONFIG SET dir meanwhile must not make the final rename miss the file

@@ -19,7 +19,7 @@ import ipaddress
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import structlog
 
@@ -33,8 +33,6 @@ from disque.cluster.membership import (
     Send,
 )
 from disque.cluster.messages import (
-    AUTH_CHALLENGE,
-    AUTH_RESPONSE,
     FAIL,
     MEET,
     PING,
@@ -65,7 +63,7 @@ class BusLink(asyncio.Protocol):
         self.bus = bus
         self.inbound = inbound
         self.token = token
-        self.transport: Any = None
+        self.transport: asyncio.Transport | None = None
         self.decoder = FrameDecoder(bus.max_frame, stats=bus.membership.stats)
         self.queue: list[Message] = []
         self.peer_ip = b""
@@ -81,8 +79,9 @@ class BusLink(asyncio.Protocol):
         return f"<BusLink {side} {self.peer_ip.decode(errors='replace')}>"
 
     # ------------------------------------------------------------------ asyncio
-    def connection_made(self, transport: Any) -> None:
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # (uvloop's transports are not asyncio.Transport subclasses, but have its methods)
+        transport = self.transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
         local = transport.get_extra_info("sockname")
         self.peer_ip = (peer[0] if isinstance(peer, tuple) else "").encode()
@@ -144,14 +143,14 @@ class BusLink(asyncio.Protocol):
     def authenticate(self, msg: Message) -> bool:
         bus = self.bus
         if self.inbound:
-            if (msg.TYPE == AUTH_RESPONSE and auth_verify(bus.password, self.nonce,
-                                                          msg.header.sender, msg.digest)):
+            if (isinstance(msg, AuthResponse)
+                    and auth_verify(bus.password, self.nonce, msg.header.sender, msg.digest)):
                 self.state = "ready"
                 bus.membership.link_accepted(self, self.local_ip)
                 return True
             bus.log_link_error("bus.auth_refused", self, "bad or missing AUTH_RESPONSE")
         else:
-            if msg.TYPE == AUTH_CHALLENGE:
+            if isinstance(msg, AuthChallenge):
                 self.write_now([AuthResponse(bus.membership.header,
                                              auth_digest(bus.password, msg.nonce,
                                                          bus.membership.myself))])
@@ -172,9 +171,10 @@ class BusLink(asyncio.Protocol):
         self.queue.append(msg)
 
     def write_now(self, msgs: list[Message]) -> None:
+        assert self.transport is not None
         self.transport.write(encode_many(msgs, self.bus.membership.stats))
 
-    def flush(self, shared: dict[Any, bytes] | None = None) -> None:
+    def flush(self, shared: dict[tuple[Any, ...], bytes] | None = None) -> None:
         queue = self.queue
         if not queue or self.closed:
             return
@@ -185,6 +185,7 @@ class BusLink(asyncio.Protocol):
             data = encode_many(queue, stats, shared)
         except (OverflowError, ValueError, TypeError) as exc:
             data = self.salvage(queue, exc)
+        assert transport is not None  # (connected: links are flushed once connected)
         transport.write(data)
         if transport.get_write_buffer_size() > LINK_OUTPUT_LIMIT:
             self.bus.log_link_error("bus.slow_peer", self, "output limit reached")
@@ -238,8 +239,8 @@ class Bus:
     """The bus of one node: listener, links, and the effect loop of Membership."""
 
     def __init__(self, membership: Membership, *, password: str = "",
-                 save_config: Callable[[str], None], deliver_job_message: Callable[..., None]
-                 | None = None, link_changed: Callable[[bytes, bool], None] | None = None,
+                 save_config: Callable[[str], None],
+                 deliver_job_message: Callable[[BusLink, Message], None] | None = None, link_changed: Callable[[bytes, bool], None] | None = None,
                  max_frame: int = 64 * 1024 * 1024) -> None:
         self.membership = membership
         self.password = password.encode() if password else b""
@@ -249,7 +250,7 @@ class Bus:
         self.link_changed = link_changed
         self.max_frame = max_frame
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.servers: list[Any] = []
+        self.servers: list[asyncio.AbstractServer] = []
         self.inbound: set[BusLink] = set()
         self.pending: set[BusLink] = set()  # links with queued output
         self.flush_scheduled = False
@@ -304,20 +305,19 @@ class Bus:
         m = self.membership
         while m.outbox:
             for effect in m.drain():
-                kind = effect.__class__
-                if kind is Send:
+                if isinstance(effect, Send):
                     effect.link.send(effect.msg)
-                elif kind is Connect:
+                elif isinstance(effect, Connect):
                     assert self.loop is not None
                     self.loop.create_task(self.connect(effect))
-                elif kind is CloseLink:
+                elif isinstance(effect, CloseLink):
                     effect.link.close()
-                elif kind is SaveConfig:
+                elif isinstance(effect, SaveConfig):
                     self.save()
-                elif kind is LinkChanged:
+                elif isinstance(effect, LinkChanged):
                     if self.link_changed is not None:
                         self.link_changed(effect.node_id, effect.up)
-                elif kind is Log:
+                elif isinstance(effect, Log):
                     log.info(effect.event, **effect.fields)
         if flush_now:
             if self.pending:
@@ -333,7 +333,7 @@ class Bus:
         pending = self.pending
         self.pending = set()
         # the same REPLJOBs go to every replica: their frames are encoded once
-        shared: dict[Any, bytes] | None = {} if len(pending) > 1 else None
+        shared: dict[tuple[Any, ...], bytes] | None = {} if len(pending) > 1 else None
         for link in pending:
             link.flush(shared)
 

@@ -126,9 +126,12 @@ class BusProtocolError(Exception):
 
 # ---------------------------------------------------------------------------- header
 class Header:
-    """Sender fields common to every message. Treat as immutable: the packed form is cached."""
+    """Sender fields common to every message. Treat as immutable: the packed form is cached.
 
-    __slots__ = ("sender", "ip", "port", "bus_port", "flags", "_packed")
+    `wire` is that packed form once made (None until then): the encoders read it and call
+    `packed()` only when it is None, a call saved per frame."""
+
+    __slots__ = ("sender", "ip", "port", "bus_port", "flags", "wire")
 
     def __init__(self, sender: bytes, ip: bytes, port: int, bus_port: int, flags: int) -> None:
         self.sender = sender
@@ -136,12 +139,12 @@ class Header:
         self.port = port
         self.bus_port = bus_port
         self.flags = flags
-        self._packed: bytes | None = None
+        self.wire: bytes | None = None
 
     def packed(self) -> bytes:
-        p = self._packed
+        p = self.wire
         if p is None:
-            p = self._packed = (_packb(self.sender) + _packb(self.ip) + _packb(self.port)
+            p = self.wire = (_packb(self.sender) + _packb(self.ip) + _packb(self.port)
                                 + _packb(self.bus_port) + _packb(self.flags))
         return p
 
@@ -200,7 +203,7 @@ class Message:
     def encode(self) -> bytes:
         """The complete frame: length prefix + msgpack payload."""
         header = self.header
-        body = (_PREFIX[self.TYPE] + (header._packed or header.packed())
+        body = (_PREFIX[self.TYPE] + (header.wire or header.packed())
                 + _packb(self.payload()))
         return _pack_len(len(body)) + body
 
@@ -226,8 +229,8 @@ class Message:
         return TYPE_NAMES[self.TYPE]
 
     def __eq__(self, other: object) -> bool:
-        return (type(other) is type(self) and self.header == other.header  # type: ignore[attr-defined]
-                and list(self.payload()) == list(other.payload()))  # type: ignore[attr-defined]
+        return (type(other) is type(self) and self.header == other.header
+                and list(self.payload()) == list(other.payload()))
 
     def __hash__(self) -> int:
         return hash((self.TYPE, self.header))
@@ -451,11 +454,11 @@ def encode_many(msgs: Iterable[Message], stats: BusStats | None = None,
     `shared`: frames already made for the same run of message objects, for a caller that
     encodes several links' queues in one go while those objects live (the same REPLJOBs go
     to every replica: one encoding for all)."""
-    parts = []
-    run: list[Any] = []
-    run_cls: Any = None
+    parts: list[bytes] = []
+    run: list[Message] = []
+    run_cls: type[Message] = Message  # (no run yet: no message is of the base class)
     run_key: Any = None
-    run_header: Any = None
+    run_header: Header | None = None
     for m in msgs:
         cls = m.__class__
         key_attr = cls.BATCH_KEY
@@ -472,7 +475,7 @@ def encode_many(msgs: Iterable[Message], stats: BusStats | None = None,
         if run:
             _flush_run(run_cls, run, parts, stats, shared)
             run = []
-            run_cls = None
+            run_cls = Message
         frame = m.encode()
         if stats is not None:
             stats.sent(m.TYPE, len(frame), m.n)
@@ -482,7 +485,7 @@ def encode_many(msgs: Iterable[Message], stats: BusStats | None = None,
     return b"".join(parts)
 
 
-def _flush_run(cls: Any, run: list[Any], parts: list[bytes], stats: BusStats | None,
+def _flush_run(cls: type[Message], run: list[Message], parts: list[bytes], stats: BusStats | None,
                shared: dict[tuple[Any, ...], bytes] | None = None) -> None:
     if shared is not None:
         # the same message objects in the same order: every message of the caller's queues
@@ -675,6 +678,7 @@ def _job_record(v: Any, table: list[bytes] | None = None,
                             (delay, "delay"), (retry, "retry"), (nacks, "nacks"),
                             (deliv, "deliveries")):
             _uint(value, what)
+    nodes: tuple[bytes, ...] | None
     if table is None:
         nodes = tuple([_node_id(n) for n in delivered])
     else:
@@ -725,7 +729,7 @@ def _repljob_frame(header: Header, recs: Iterable[JobRecord], noreply: bool) -> 
             idx = lists[delivered] = [table.setdefault(n, len(table)) for n in delivered]
         dl = rec[11]
         out.append((*rec[:10], idx) if dl is None else (*rec[:10], idx, dl.to_wire()))
-    body = (_PREFIX[REPLJOB] + (header._packed or header.packed())
+    body = (_PREFIX[REPLJOB] + (header.wire or header.packed())
             + _packb((out, noreply, list(table))))
     return _pack_len(len(body)) + body
 
@@ -739,7 +743,7 @@ _MAX_TTL_MS = MAX_JOB_SECONDS * 1000
 
 
 def _batch_frame(cls: Any, header: Header, items: list[Any], key: Any) -> bytes:
-    body = _PREFIX[cls.TYPE] + (header._packed or header.packed()) + _packb((items, key))
+    body = _PREFIX[cls.TYPE] + (header.wire or header.packed()) + _packb((items, key))
     return _pack_len(len(body)) + body
 
 
@@ -790,7 +794,7 @@ class BatchOf(Message):
     ones (REPLJOB, GOTJOB) cost no object and no dispatch per job."""
 
     __slots__ = ("items", "key", "n")
-    SINGLE: ClassVar[Any]  # the message type this is a batch of
+    SINGLE: ClassVar[Any]  # the message type this is a batch of (its own constructor)
 
     def __init__(self, header: Header, items: list[Any], key: Any) -> None:
         self.header = header

@@ -4,15 +4,84 @@ appends reply bytes to the client's output.
 `TABLE` maps lowercase names to `Command` records (arity and flags as the original's
 command table, which COMMAND reports). A handler has the signature `handler(client, argv)`;
 it raises `CommandError` for failures and may block the client (GETJOB).
+
+`Caller` is the one door a handler has: what it may use of the client that sent the command
+(the RESP connection, `disque.connection.Client`, or the HTTP side's `InternalClient`), and
+through it the server and the node. `Blocker` is what a client needs of the object a blocked
+command parks on it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 from disque.protocol.errors import CommandError, err, not_integer
+
+if TYPE_CHECKING:
+    from disque.node import Node
+    from disque.server import Server
+
+
+class Blocker(Protocol):
+    """What a blocked command parks on its client (`Caller.block`): the client calls
+    `cancel` when it goes away, then forgets it (`client = None`); until then the blocker
+    answers through `client.unblocked`."""
+
+    client: Caller | None
+
+    def cancel(self) -> None: ...
+
+
+class Caller(Protocol):
+    """What a command handler needs of the client that sent the command."""
+
+    server: Server
+    node: Node
+    id: int
+    out: list[bytes]  # reply chunks, in command order
+    proto: int  # 2 or 3 (HELLO)
+    null_bulk: bytes
+    null_array: bytes
+    authenticated: bool
+    name: bytes
+    addr: str
+    ctime: float
+    last_interaction: float
+    waiter: Blocker | None
+    closing: bool
+    monitor: bool
+    last_cmd: Command | None
+    reply_mode: int  # disque.connection.REPLY_*
+    lib_name: bytes
+    lib_ver: bytes
+    aof_marks: list[tuple[int, int]]
+    transport: asyncio.Transport | None
+
+    def block(self, waiter: Blocker) -> None: ...
+
+    def unblocked(self, reply: bytes) -> None: ...
+
+    def set_proto(self, proto: int) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def close_after_reply(self) -> None: ...
+
+    def forget_marks(self, mark: int) -> None: ...
+
+    def query_buffer(self) -> int: ...
+
+    def query_limit(self) -> int: ...
+
+    def output_buffer(self) -> tuple[int, int, int]: ...
+
+
+Handler = Callable[[Caller, list[bytes]], None]
 
 # Flag names in the order COMMAND lists them.
 FLAG_ORDER = ("write", "readonly", "denyoom", "admin", "random", "loading", "skip_monitor",
@@ -23,7 +92,7 @@ class Command:
     __slots__ = ("name", "arity", "flags", "handler", "denyoom", "loading", "noauth",
                  "write", "logs", "calls", "usec", "failed", "rejected")
 
-    def __init__(self, name: str, arity: int, flags: str, handler: Callable[..., Any],
+    def __init__(self, name: str, arity: int, flags: str, handler: Handler,
                  noauth: bool = False, logs: bool = False) -> None:
         self.name = name
         self.arity = arity
@@ -46,9 +115,9 @@ TABLE: dict[bytes, Command] = {}
 
 
 def command(name: str, arity: int, flags: str, noauth: bool = False,
-            logs: bool = False) -> Callable:
+            logs: bool = False) -> Callable[[Handler], Handler]:
     """Register a handler in TABLE."""
-    def register(fn: Callable) -> Callable:
+    def register(fn: Handler) -> Handler:
         TABLE[name.encode()] = Command(name, arity, flags, fn, noauth, logs)
         return fn
     return register

@@ -5,43 +5,54 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-import os
-import platform
 import re
 import socket
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from disque import __version__
-from disque.commands import TABLE, command, int_arg, parse_int, timeout_arg, wrong_arity
+from disque.commands import (
+    TABLE,
+    Caller,
+    Command,
+    command,
+    int_arg,
+    parse_int,
+    timeout_arg,
+    wrong_arity,
+)
+from disque.commands.info import render_info
 from disque.config import ConfigSetError, config_get, config_rewrite, config_set
 from disque.protocol.errors import CommandError, err, syntax
 from disque.protocol.reply import OK, PONG, Map, Status, bulk, encode, integer
+
+if TYPE_CHECKING:
+    from disque.server import Server
 
 # ---------------------------------------------------------------------------- basics
 
 
 @command("ping", -1, "readonly fast")
-def cmd_ping(c: Any, argv: list[bytes]) -> None:
+def cmd_ping(c: Caller, argv: list[bytes]) -> None:
     if len(argv) > 2:
         raise wrong_arity("ping")
     c.out.append(PONG if len(argv) == 1 else bulk(argv[1]))
 
 
 @command("echo", 2, "readonly fast")
-def cmd_echo(c: Any, argv: list[bytes]) -> None:
+def cmd_echo(c: Caller, argv: list[bytes]) -> None:
     c.out.append(bulk(argv[1]))
 
 
 @command("time", 1, "readonly fast")
-def cmd_time(c: Any, argv: list[bytes]) -> None:
+def cmd_time(c: Caller, argv: list[bytes]) -> None:
     now = time.time_ns() // 1000
     c.out.append(encode([str(now // 1_000_000).encode(), str(now % 1_000_000).encode()]))
 
 
 @command("auth", 2, "readonly loading fast", noauth=True)
-def cmd_auth(c: Any, argv: list[bytes]) -> None:
+def cmd_auth(c: Caller, argv: list[bytes]) -> None:
     password = c.server.cfg.requirepass
     if not password:
         raise err("Client sent AUTH, but no password is set")
@@ -60,7 +71,7 @@ def password_bytes(password: str) -> bytes:
 
 
 @command("hello", -1, "readonly fast", noauth=True)
-def cmd_hello(c: Any, argv: list[bytes]) -> None:
+def cmd_hello(c: Caller, argv: list[bytes]) -> None:
     """Plain HELLO is Disque's node list; HELLO <protover> ... is the Redis 6 handshake."""
     if len(argv) == 1:
         if not c.authenticated:
@@ -111,7 +122,7 @@ def cmd_hello(c: Any, argv: list[bytes]) -> None:
     }), c.proto))
 
 
-def disque_hello(server: Any) -> list[Any]:
+def disque_hello(server: Server) -> list[Any]:
     """`:1`, my node ID, then [id, ip, port, priority] per known node (port and priority
     as bulk strings)."""
     node = server.node
@@ -121,127 +132,8 @@ def disque_hello(server: Any) -> list[Any]:
 
 
 # ---------------------------------------------------------------------------- INFO
-def _human(n: float) -> str:
-    for unit in ("B", "K", "M", "G", "T"):
-        if n < 1024 or unit == "T":
-            return f"{n}B" if unit == "B" else f"{n:.2f}{unit}"
-        n /= 1024
-    return f"{n:.2f}P"
-
-
-def _rss() -> int:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:
-        import resource
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-DISQUE_COMPAT_VERSION = "1.0-rc1"  # the original release whose replies this server gives
-
-# Resolved once, when the commands are loaded: that is before the server changes to its
-# `dir`, after which a relative argv[0] (`.venv/bin/disque-server`) would resolve wrongly.
-EXECUTABLE = os.path.abspath(sys.argv[0])
-
-
-def info_sections(server: Any) -> dict[str, list[tuple[str, Any]]]:
-    cfg = server.cfg
-    node = server.node
-    now = time.time()
-    uptime = int(now - server.start_time)
-    uname = platform.uname()
-    used = node.used_memory()
-    rss = _rss()
-    server.peak_memory = max(server.peak_memory, used)
-    ops, ikbps, okbps = server.instantaneous()
-    self_usage, child_usage = server.rusage()
-    clients = list(server.clients.values())
-    sections: dict[str, list[tuple[str, Any]]] = {
-        "Server": [
-            # the original's release, for clients and tools that check it; ours follows
-            ("disque_version", DISQUE_COMPAT_VERSION), ("disque_py_version", __version__),
-            ("disque_git_sha1", "00000000"),
-            ("disque_git_dirty", 0), ("disque_build_id", "0"),
-            ("os", f"{uname.system} {uname.release} {uname.machine}"),
-            ("arch_bits", 64 if sys.maxsize > 2**32 else 32),
-            ("multiplexing_api", "uvloop"),
-            ("gcc_version", "0.0.0"),
-            ("process_id", os.getpid()), ("run_id", server.run_id),
-            ("tcp_port", cfg.port), ("uptime_in_seconds", uptime),
-            ("uptime_in_days", uptime // 86400), ("hz", cfg.hz),
-            ("executable", EXECUTABLE),
-            ("config_file", cfg.config_file or ""),
-        ],
-        "Clients": [
-            ("connected_clients", len(clients)),
-            ("client_longest_output_list", max(
-                (len(c.out) for c in clients), default=0)),
-            ("client_biggest_input_buf", max(
-                (c.query_buffer() for c in clients), default=0)),
-            # clients, not jobs: one ADDJOBS (or pipelined ADDJOBs) waits for many jobs
-            ("blocked_clients", sum(1 for c in clients if c.waiter is not None)),
-        ],
-        "Memory": [
-            ("used_memory", used), ("used_memory_human", _human(used)),
-            ("used_memory_rss", rss), ("used_memory_peak", server.peak_memory),
-            ("used_memory_peak_human", _human(server.peak_memory)),
-            ("mem_fragmentation_ratio", f"{rss / used:.2f}" if used else "0.00"),
-            ("mem_allocator", "pymalloc"),
-        ],
-        "Jobs": [("registered_jobs", len(node.jobs)), *node.rereplication.info_fields(),
-                 *node.repair.info_fields(),
-                 ("deadlettered_jobs", node.deadletters.deadlettered),
-                 ("redriven_jobs", node.deadletters.redriven),
-                 ("redrive_pending", node.deadletters.pending())],
-        "Queues": [("registered_queues", len(node.queues))],
-        "Cluster": server.membership.info_fields(),
-        "Persistence": server.persistence_info(),
-        "Stats": [
-            ("total_connections_received", server.stat_connections),
-            ("total_commands_processed", server.stat_commands),
-            ("instantaneous_ops_per_sec", ops),
-            ("total_net_input_bytes", server.stat_net_input),
-            ("total_net_output_bytes", server.stat_net_output),
-            ("instantaneous_input_kbps", f"{ikbps:.2f}"),
-            ("instantaneous_output_kbps", f"{okbps:.2f}"),
-            ("rejected_connections", server.stat_rejected),
-            ("latest_fork_usec", 0),
-        ],
-        "CPU": [
-            ("used_cpu_sys", f"{self_usage.ru_stime:.2f}"),
-            ("used_cpu_user", f"{self_usage.ru_utime:.2f}"),
-            ("used_cpu_sys_children", f"{child_usage.ru_stime:.2f}"),
-            ("used_cpu_user_children", f"{child_usage.ru_utime:.2f}"),
-        ],
-    }
-    stats = []
-    for cmd in sorted(TABLE.values(), key=lambda c: c.name):
-        if cmd.calls:
-            stats.append((f"cmdstat_{cmd.name}",
-                          f"calls={cmd.calls},usec={cmd.usec},"
-                          f"usec_per_call={cmd.usec / cmd.calls:.2f}"))
-    sections["Commandstats"] = stats
-    return sections
-
-
-def render_info(server: Any, section: str | None) -> bytes:
-    sections = info_sections(server)
-    if section in (None, "default"):
-        names = [n for n in sections if n != "Commandstats"]
-    elif section == "all":
-        names = list(sections)
-    else:
-        names = [n for n in sections if n.lower() == section]
-    parts = []
-    for name in names:
-        lines = [f"# {name}"] + [f"{k}:{v}" for k, v in sections[name]]
-        parts.append("\r\n".join(lines) + "\r\n")
-    return "\r\n".join(parts).encode()
-
-
 @command("info", -1, "readonly loading")
-def cmd_info(c: Any, argv: list[bytes]) -> None:
+def cmd_info(c: Caller, argv: list[bytes]) -> None:
     if len(argv) > 2:
         raise syntax()
     section = argv[1].decode(errors="replace").lower() if len(argv) == 2 else None
@@ -250,7 +142,7 @@ def cmd_info(c: Any, argv: list[bytes]) -> None:
 
 # ---------------------------------------------------------------------------- CONFIG
 @command("config", -2, "readonly admin")
-def cmd_config(c: Any, argv: list[bytes]) -> None:
+def cmd_config(c: Caller, argv: list[bytes]) -> None:
     sub = argv[1].lower()
     n = len(argv)
     cfg = c.server.cfg
@@ -272,7 +164,7 @@ def cmd_config(c: Any, argv: list[bytes]) -> None:
         elif sub == b"resetstat":
             if n != 2:
                 raise err(f"Wrong number of arguments for CONFIG {typed}")
-            reset_stats(c.server)
+            c.server.reset_stats()
             c.out.append(OK)
         elif sub == b"rewrite":
             if n != 2:
@@ -286,16 +178,6 @@ def cmd_config(c: Any, argv: list[bytes]) -> None:
         raise CommandError(prefix, message) from None
 
 
-def reset_stats(server: Any) -> None:
-    for cmd in TABLE.values():
-        cmd.calls = cmd.usec = cmd.failed = cmd.rejected = 0
-    server.stat_connections = server.stat_rejected = server.stat_commands = 0
-    server.stat_unknown_commands = 0
-    server.stat_net_input = server.stat_net_output = 0
-    server.ops_samples.clear()
-    server.peak_memory = server.node.used_memory()
-
-
 # ---------------------------------------------------------------------------- CLIENT
 def printable(value: bytes) -> bool:
     """Only `!`..`~`: CLIENT LIST lines are split by spaces, so a value must not hold one."""
@@ -307,7 +189,7 @@ def check_client_name(name: bytes) -> None:
         raise err("Client names cannot contain spaces, newlines or special characters.")
 
 
-def client_info(c: Any, now: float) -> str:
+def client_info(c: Caller, now: float) -> str:
     """One CLIENT LIST line. `qbuf`: bytes received and not run yet; `qbuf-free`: what the
     connection may still buffer before client-query-buffer-limit closes it; `obl`: bytes
     waiting in the transport; `oll`: reply chunks not yet handed to it; `omem`: both, in
@@ -319,7 +201,7 @@ def client_info(c: Any, now: float) -> str:
     obl, oll, omem = c.output_buffer()
     return (f"id={c.id} addr={c.addr} fd={fd} name={c.name.decode(errors='replace')} "
             f"age={int(now - c.ctime)} idle={int(now - c.last_interaction)} flags={flags} "
-            f"qbuf={qbuf} qbuf-free={max(c.reader.max_query - qbuf, 0)} obl={obl} "
+            f"qbuf={qbuf} qbuf-free={max(c.query_limit() - qbuf, 0)} obl={obl} "
             f"oll={oll} omem={omem} "
             f"events=r cmd={c.last_cmd.name if c.last_cmd else 'NULL'} "
             f"lib-name={c.lib_name.decode(errors='replace')} "
@@ -331,7 +213,7 @@ CLIENT_SYNTAX = ("Syntax error, try CLIENT (LIST | KILL ip:port | GETNAME | "
 
 
 @command("client", -2, "readonly admin")
-def cmd_client(c: Any, argv: list[bytes]) -> None:
+def cmd_client(c: Caller, argv: list[bytes]) -> None:
     sub = argv[1].lower()
     n = len(argv)
     server = c.server
@@ -366,7 +248,7 @@ def cmd_client(c: Any, argv: list[bytes]) -> None:
     elif sub == b"kill" and n > 3 and n % 2 == 0:
         client_kill_filters(c, argv)
     elif sub == b"pause" and n == 3:
-        pause_clients(server, timeout_arg(argv[2]))
+        server.pause_clients(timeout_arg(argv[2]))
         c.out.append(OK)
     elif sub == b"reply" and n == 3:
         mode = argv[2].lower()
@@ -384,7 +266,7 @@ def cmd_client(c: Any, argv: list[bytes]) -> None:
         raise err(CLIENT_SYNTAX)
 
 
-def client_setinfo(c: Any, attr: bytes, value: bytes) -> None:
+def client_setinfo(c: Caller, attr: bytes, value: bytes) -> None:
     """CLIENT SETINFO LIB-NAME|LIB-VER value, with Redis 7.2's replies (the attribute as
     typed); the values show in CLIENT LIST / CLIENT INFO."""
     typed = attr.decode(errors="replace")
@@ -399,7 +281,7 @@ def client_setinfo(c: Any, attr: bytes, value: bytes) -> None:
         c.lib_ver = value
 
 
-def client_kill_filters(c: Any, argv: list[bytes]) -> None:
+def client_kill_filters(c: Caller, argv: list[bytes]) -> None:
     cid = addr = None
     skipme = True
     for i in range(2, len(argv), 2):
@@ -431,36 +313,13 @@ def client_kill_filters(c: Any, argv: list[bytes]) -> None:
     c.out.append(integer(killed))
 
 
-def pause_clients(server: Any, ms: int) -> None:
-    """CLIENT PAUSE: stop reading from every client, those that connect meanwhile included,
-    until `ms` milliseconds from now; replies still flow. A pause that would end earlier
-    than the one in force does not shorten it (Redis)."""
-    end = time.monotonic() + ms / 1000
-    if end <= server.clients_paused_until:
-        return
-    server.clients_paused_until = end
-    for x in server.clients.values():
-        if not x.closing and x.transport is not None:
-            x.transport.pause_reading()
-    if server.pause_handle is not None:
-        server.pause_handle.cancel()
-    server.pause_handle = server.loop.call_later(ms / 1000, resume_clients, server)
-
-
-def resume_clients(server: Any) -> None:
-    server.clients_paused_until = 0.0
-    server.pause_handle = None
-    for x in list(server.clients.values()):
-        x.end_pause()
-
-
 # ---------------------------------------------------------------------------- COMMAND
-def command_entry(cmd: Any) -> list[Any]:
+def command_entry(cmd: Command) -> list[Any]:
     return [cmd.name.encode(), cmd.arity, [Status(f) for f in cmd.flags], 0, 0, 0]
 
 
 @command("command", 0, "readonly loading")
-def cmd_command(c: Any, argv: list[bytes]) -> None:
+def cmd_command(c: Caller, argv: list[bytes]) -> None:
     if len(argv) == 1:
         c.out.append(encode([command_entry(x) for x in TABLE.values()], c.proto))
         return
@@ -479,7 +338,7 @@ def cmd_command(c: Any, argv: list[bytes]) -> None:
 MAX_DEBUG_SLEEP = 1e9  # seconds (~31 years); time.sleep overflows a few times above this
 
 @command("debug", -2, "admin")
-def cmd_debug(c: Any, argv: list[bytes]) -> None:
+def cmd_debug(c: Caller, argv: list[bytes]) -> None:
     sub = argv[1].lower()
     n = len(argv)
     if sub == b"sleep" and n == 3:
@@ -525,7 +384,7 @@ def cmd_debug(c: Any, argv: list[bytes]) -> None:
 
 # ---------------------------------------------------------------------------- lifecycle
 @command("shutdown", -1, "readonly admin loading")
-def cmd_shutdown(c: Any, argv: list[bytes]) -> None:
+def cmd_shutdown(c: Caller, argv: list[bytes]) -> None:
     if len(argv) > 2:
         raise syntax()
     mode = argv[1].lower() if len(argv) == 2 else b""
@@ -538,24 +397,25 @@ def cmd_shutdown(c: Any, argv: list[bytes]) -> None:
 
 
 @command("monitor", 1, "readonly admin")
-def cmd_monitor(c: Any, argv: list[bytes]) -> None:
+def cmd_monitor(c: Caller, argv: list[bytes]) -> None:
     c.monitor = True
-    c.server.monitors.add(c)
+    c.server.dispatch.monitors.add(c)
     c.out.append(OK)
 
 
 @command("slowlog", -2, "readonly")
-def cmd_slowlog(c: Any, argv: list[bytes]) -> None:
+def cmd_slowlog(c: Caller, argv: list[bytes]) -> None:
     sub = argv[1].lower()
     server = c.server
     if sub == b"get" and len(argv) in (2, 3):
         count = int_arg(argv[2]) if len(argv) == 3 else 10
-        entries = list(server.slowlog)[: max(count, 0)] if count >= 0 else list(server.slowlog)
+        slowlog = server.dispatch.slowlog
+        entries = list(slowlog)[: max(count, 0)] if count >= 0 else list(slowlog)
         c.out.append(encode(entries, c.proto))
     elif sub == b"len" and len(argv) == 2:
-        c.out.append(integer(len(server.slowlog)))
+        c.out.append(integer(len(server.dispatch.slowlog)))
     elif sub == b"reset" and len(argv) == 2:
-        server.slowlog.clear()
+        server.dispatch.slowlog.clear()
         c.out.append(OK)
     else:
         raise err("Unknown SLOWLOG subcommand or wrong # of args. Try GET, RESET, LEN.")
@@ -579,7 +439,7 @@ LATENCY_HELP = (
 
 
 @command("latency", -2, "readonly admin loading")
-def cmd_latency(c: Any, argv: list[bytes]) -> None:
+def cmd_latency(c: Caller, argv: list[bytes]) -> None:
     """The latency monitor (disque.latency); events are named in ASCII, and an event given
     as an argument is looked up exactly (RESET ignores case), as Redis does."""
     sub = argv[1].lower()
@@ -616,7 +476,7 @@ CLUSTER_USAGE = "Wrong CLUSTER subcommand or number of arguments"
 
 
 @command("cluster", -2, "readonly admin")
-def cmd_cluster(c: Any, argv: list[bytes]) -> None:
+def cmd_cluster(c: Caller, argv: list[bytes]) -> None:
     sub = argv[1].lower()
     n = len(argv)
     node = c.node
@@ -666,7 +526,7 @@ def cmd_cluster(c: Any, argv: list[bytes]) -> None:
 _NUMERIC_HOST = re.compile(r"[0-9.]+|.*:.*")
 
 
-def cluster_meet(c: Any, host: bytes, port_arg: bytes) -> None:
+def cluster_meet(c: Caller, host: bytes, port_arg: bytes) -> None:
     """CLUSTER MEET host port. An IP address is met at once; a host name is resolved (IPv4
     first) off the event loop while the client waits: a slow DNS server must not stall the
     node's heartbeats and every other client."""
@@ -687,12 +547,13 @@ def cluster_meet(c: Any, host: bytes, port_arg: bytes) -> None:
         return
     waiter = MeetWaiter(c, address, port)
     c.block(waiter)
-    task = c.server.loop.create_task(
-        c.server.loop.getaddrinfo(address, None, type=socket.SOCK_STREAM))
+    loop = c.server.loop
+    assert loop is not None
+    task = loop.create_task(loop.getaddrinfo(address, None, type=socket.SOCK_STREAM))
     task.add_done_callback(waiter.resolved)
 
 
-def meet(server: Any, ip: str, port: int) -> None:
+def meet(server: Server, ip: str, port: int) -> None:
     server.membership.meet(ip.encode(), port)
     server.bus.apply()
 
@@ -703,8 +564,8 @@ class MeetWaiter:
 
     __slots__ = ("client", "server", "address", "port")
 
-    def __init__(self, client: Any, address: str, port: int) -> None:
-        self.client = client
+    def __init__(self, client: Caller, address: str, port: int) -> None:
+        self.client: Caller | None = client
         self.server = client.server
         self.address = address
         self.port = port
@@ -712,7 +573,7 @@ class MeetWaiter:
     def cancel(self) -> None:  # the client went away: nobody to answer
         self.client = None
 
-    def resolved(self, task: Any) -> None:
+    def resolved(self, task: asyncio.Future[list[tuple[Any, ...]]]) -> None:
         reply = OK
         try:
             infos = sorted(task.result(), key=lambda i: i[0] != socket.AF_INET)
@@ -728,7 +589,7 @@ class MeetWaiter:
 
 
 @command("bgrewriteaof", 1, "readonly admin")
-def cmd_bgrewriteaof(c: Any, argv: list[bytes]) -> None:
+def cmd_bgrewriteaof(c: Caller, argv: list[bytes]) -> None:
     aofm = c.server.aofm
     if aofm.rewrite is not None:
         raise err("Background append only file rewriting already in progress")

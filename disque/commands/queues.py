@@ -2,23 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from disque.commands import command, int_arg
+from disque.commands import Caller, command, int_arg
 from disque.commands.jobs import job_entry, scan_args
 from disque.protocol.errors import syntax
 from disque.protocol.reply import EMPTY_ARRAY, array_len, encode, integer
 from disque.queues.queue import PAUSE_IN, PAUSE_OUT, Queue
 
+if TYPE_CHECKING:
+    from disque.node import Node
+
 
 @command("qlen", 2, "readonly fast")
-def cmd_qlen(c: Any, argv: list[bytes]) -> None:
+def cmd_qlen(c: Caller, argv: list[bytes]) -> None:
     q = c.node.lookup_queue(argv[1])
     c.out.append(integer(len(q.jobs) if q is not None else 0))
 
 
 @command("qpeek", 3, "readonly")
-def cmd_qpeek(c: Any, argv: list[bytes]) -> None:
+def cmd_qpeek(c: Caller, argv: list[bytes]) -> None:
     count = int_arg(argv[2])
     q = c.node.lookup_queue(argv[1])
     if q is None or count == 0:
@@ -28,7 +31,7 @@ def cmd_qpeek(c: Any, argv: list[bytes]) -> None:
     c.out.append(array_len(len(jobs)) + b"".join(job_entry(j, False) for j in jobs))
 
 
-def queue_stats(node: Any, q: Queue) -> list[Any]:
+def queue_stats(node: Node, q: Queue) -> list[Any]:
     now = node.clock()
     dead = node.deadletters.by_queue.get(q.name, 0)
     return [
@@ -46,7 +49,7 @@ def queue_stats(node: Any, q: Queue) -> list[Any]:
 
 
 @command("qstat", 2, "readonly fast")
-def cmd_qstat(c: Any, argv: list[bytes]) -> None:
+def cmd_qstat(c: Caller, argv: list[bytes]) -> None:
     q = c.node.lookup_queue(argv[1])
     if q is None:
         c.out.append(c.null_array)
@@ -59,7 +62,7 @@ _QSCAN_OPTS = {b"count": int_arg, b"minlen": int_arg, b"maxlen": int_arg,
 
 
 @command("qscan", -1, "readonly")
-def cmd_qscan(c: Any, argv: list[bytes]) -> None:
+def cmd_qscan(c: Caller, argv: list[bytes]) -> None:
     cursor, opts, busyloop = scan_args(argv, _QSCAN_OPTS)
     count = 100
     limits: dict[bytes, int] = {}
@@ -87,7 +90,7 @@ _PAUSE_OPTS = {b"none": 0, b"in": PAUSE_IN, b"out": PAUSE_OUT, b"all": PAUSE_IN 
 
 
 @command("pause", -3, "readonly fast")
-def cmd_pause(c: Any, argv: list[bytes]) -> None:
+def cmd_pause(c: Caller, argv: list[bytes]) -> None:
     flags = 0
     changed = False
     bcast = False

@@ -34,13 +34,18 @@ import json
 import socket
 import time
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import structlog
 from aiohttp import web
+from aiohttp.typedefs import Handler
+from aiohttp.web_protocol import RequestHandler
 
 from disque.http.metrics import CONTENT_TYPE, exposition
 from disque.http.view import CommandFailed, NodeView, pairs
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
 
 log = structlog.get_logger("disque.http")
 
@@ -81,18 +86,18 @@ class FirstRequest:
     def __init__(self, loop: asyncio.AbstractEventLoop, timeout: float) -> None:
         self.loop = loop
         self.timeout = timeout
-        self.pending: dict[Any, asyncio.TimerHandle] = {}  # protocol -> its deadline
+        self.pending: dict[RequestHandler, asyncio.TimerHandle] = {}  # -> its deadline
 
-    def watch(self, protocol: Any) -> None:
+    def watch(self, protocol: RequestHandler) -> None:
         self.pending[protocol] = self.loop.call_later(self.timeout, self._due, protocol)
 
-    def started(self, protocol: Any) -> None:
+    def started(self, protocol: RequestHandler) -> None:
         """A request header arrived on `protocol` (aiohttp's RequestHandler)."""
         handle = self.pending.pop(protocol, None)
         if handle is not None:
             handle.cancel()
 
-    def _due(self, protocol: Any) -> None:
+    def _due(self, protocol: RequestHandler) -> None:
         if self.pending.pop(protocol, None) is not None:
             protocol.force_close()  # (a connection already gone: nothing to do)
 
@@ -102,7 +107,7 @@ FIRST_REQUEST: web.AppKey[FirstRequest] = web.AppKey("first_request", FirstReque
 
 # ---------------------------------------------------------------------- middlewares
 @web.middleware
-async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
+async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Password, then the handler; API errors answer JSON."""
     request.app[FIRST_REQUEST].started(request.protocol)
     view = request.app[VIEW]
@@ -327,7 +332,7 @@ class PeerInfo:
     INFO code), at most once per PEER_CACHE seconds however many dashboards poll."""
 
     def __init__(self) -> None:
-        self.clients: dict[tuple[str, int], Any] = {}
+        self.clients: dict[tuple[str, int], aioredis.Redis] = {}
         self.cache: dict[str, Any] = {}
         self.cached_at = 0.0
         self.pending: asyncio.Task[dict[str, Any]] | None = None
@@ -417,7 +422,9 @@ def make_app(view: NodeView, first_request: FirstRequest) -> web.Application:
 class _Busy(asyncio.Protocol):
     """Past MAX_CONNECTIONS: a 503 and the door, without parsing anything."""
 
-    def connection_made(self, transport: Any) -> None:
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # (uvloop's transports are not asyncio.Transport subclasses, but have its methods)
+        transport = cast(asyncio.Transport, transport)
         transport.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
                         b"Connection: close\r\n\r\n")
         transport.close()

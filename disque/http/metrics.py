@@ -174,8 +174,8 @@ class DisqueCollector:
         for n in nodes:
             for f in n["flags"]:
                 counts[f] = counts.get(f, 0) + 1
-        for f, n in counts.items():
-            by_flag.add_metric([f], n)
+        for f, count in counts.items():
+            by_flag.add_metric([f], count)
         yield by_flag
         yield GaugeMetricFamily("disque_bus_links_up",
                                 "Other nodes with a connected outbound bus link.",

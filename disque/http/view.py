@@ -18,17 +18,22 @@ import asyncio
 import heapq
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import hiredis
 
-from disque.client.replies import decode as _text
 from disque.cluster.nodes import flag_names
-from disque.commands.admin import info_sections, password_bytes
+from disque.commands import Blocker, Caller, Command
+from disque.commands.admin import password_bytes
+from disque.commands.info import info_sections
 from disque.commands.queues import queue_stats
 from disque.jobs.job import STATE_NAMES
 from disque.protocol.reply import NULL_ARRAY2, NULL_BULK2
+from disque.protocol.values import decode as _text
 from disque.queues.queue import Queue
+
+if TYPE_CHECKING:
+    from disque.server import Server
 
 # The commands the HTTP side may run: the dashboard's reads and its actions.
 ALLOWED = frozenset({
@@ -54,15 +59,15 @@ class CommandFailed(Exception):
 
 
 class InternalClient:
-    """What `Server.execute` and the command handlers need of a client, and nothing more:
-    replies are collected in `out` (RESP2) and parsed by the caller."""
+    """What the dispatcher and the command handlers need of a client (`Caller`), and
+    nothing more: replies are collected in `out` (RESP2) and parsed by the caller."""
 
     __slots__ = ("server", "node", "id", "out", "proto", "null_bulk", "null_array",
                  "authenticated", "name", "addr", "laddr", "waiter", "closing", "monitor",
                  "last_cmd", "reply_mode", "lib_name", "lib_ver", "transport", "ctime",
                  "last_interaction", "aof_marks")
 
-    def __init__(self, server: Any, addr: str) -> None:
+    def __init__(self, server: Server, addr: str) -> None:
         self.server = server
         self.node = server.node
         self.id = 0
@@ -74,19 +79,50 @@ class InternalClient:
         self.name = b"http"
         self.addr = addr
         self.laddr = ""
-        self.waiter: Any = None
+        self.waiter: Blocker | None = None
         self.closing = False
         self.monitor = False
-        self.last_cmd: Any = None
+        self.last_cmd: Command | None = None
         self.reply_mode = 0
         self.lib_name = b""
         self.lib_ver = b""
-        self.transport: Any = None
+        self.transport: asyncio.Transport | None = None
         self.ctime = self.last_interaction = time.monotonic()
         self.aof_marks: list[tuple[int, int]] = []  # set when the command logged to the AOF
 
-    def block(self, waiter: Any) -> None:  # pragma: no cover - ALLOWED commands never block
+    def block(self, waiter: Blocker) -> None:  # pragma: no cover - ALLOWED never block
         raise RuntimeError("the HTTP side runs no blocking command")
+
+    # (None of the ALLOWED commands blocks, closes its connection or lists clients: these
+    # only complete the door.)
+    def unblocked(self, reply: bytes) -> None:  # pragma: no cover
+        self.out.append(reply)
+
+    def set_proto(self, proto: int) -> None:  # pragma: no cover - HELLO 3 is not allowed
+        raise RuntimeError("the HTTP side reads RESP2")
+
+    def flush(self) -> None:
+        """Replies stay in `out`, for the caller."""
+
+    def close(self) -> None:  # pragma: no cover
+        self.closing = True
+
+    def close_after_reply(self) -> None:  # pragma: no cover
+        self.closing = True
+
+    def forget_marks(self, mark: int) -> None:  # pragma: no cover
+        marks = self.aof_marks
+        while marks and marks[-1][0] >= mark:
+            marks.pop()
+
+    def query_buffer(self) -> int:  # pragma: no cover
+        return 0
+
+    def query_limit(self) -> int:  # pragma: no cover
+        return 0
+
+    def output_buffer(self) -> tuple[int, int, int]:  # pragma: no cover
+        return 0, 0, sum(map(len, self.out))
 
 
 def pairs(flat: list[Any]) -> dict[str, Any]:
@@ -124,7 +160,7 @@ class NodeView:
     seconds) and `sleep` pace the census; tests pass their own to check the pacing without
     waiting for it."""
 
-    def __init__(self, server: Any, clock: Callable[[], float] = time.monotonic,
+    def __init__(self, server: Server, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self._server = server
         self._clock = clock
@@ -175,8 +211,8 @@ class NodeView:
                 for a in args]
         if not argv or argv[0].upper() not in ALLOWED:
             raise CommandFailed(f"ERR command not available over HTTP: {_text(argv[:1])}")
-        c = InternalClient(self._server, addr)
-        self._server.execute(c, argv)
+        c: Caller = InternalClient(self._server, addr)  # (mypy: it is a Caller)
+        self._server.dispatch.execute(c, argv)
         if c.aof_marks and not self._server.aofm.write_now():
             # an ACK or a deletion whose record could not be written: not confirmed
             raise CommandFailed(self._server.aofm.misconf_text())
@@ -203,7 +239,7 @@ class NodeView:
     def commands(self) -> list[tuple[str, int, int, int, int]]:
         """(name, calls, usec, failed, rejected) per command that ran at least once."""
         out = []
-        for cmd in self._server.table.values():
+        for cmd in self._server.dispatch.table.values():
             calls = cmd.calls
             failed = cmd.failed
             rejected = cmd.rejected
@@ -212,7 +248,7 @@ class NodeView:
         return out
 
     def unknown_commands(self) -> int:
-        return self._server.stat_unknown_commands
+        return self._server.dispatch.stat_unknown_commands
 
     def aof(self) -> dict[str, Any]:
         """AOF size, how long the oldest write not yet fsynced has waited, whether writing
@@ -318,7 +354,7 @@ class NodeView:
         stale = c is not None and c.slices > 1
         if self._census_task is None or self._census_task.done():
             self._census_task = asyncio.ensure_future(self._take_census(paced=stale))
-        if stale:
+        if stale and c is not None:
             return c
         return await asyncio.shield(self._census_task)
 

@@ -124,7 +124,7 @@ def write_jobs(df: DataFrame, queue: str, nodes: str | Iterable[str], body_col: 
 
     if method == "arrow":
         def produce_arrow(batches: Iterator[Any]) -> Iterator[Any]:
-            import pyarrow as pa  # type: ignore[import-untyped]
+            import pyarrow as pa
 
             partition = _task_partition()
             result = PartitionProducer(cfg, partition).run(

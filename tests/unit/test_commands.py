@@ -84,6 +84,7 @@ class World:
         self.prepared: list[bytes] = []
         self.prepare_ok = True
         self.resets: list[bool] = []
+        self.pauses: list[int] = []  # CLIENT PAUSE's ms, as the server was asked
         self.aofm = SimpleNamespace(rewrite=None, start_ok=True, started=0)
 
         def start_rewrite() -> bool:
@@ -96,8 +97,9 @@ class World:
 
         self.aofm.start_rewrite = start_rewrite
         self.server = SimpleNamespace(
-            cfg=load_config([], cwd=str(tmp_path)), node=self.node, clients={}, monitors=set(),
-            slowlog=deque(), loop=None, loading=False, aofm=self.aofm,
+            cfg=load_config([], cwd=str(tmp_path)), node=self.node, clients={},
+            dispatch=SimpleNamespace(monitors=set(), slowlog=deque()), loop=None,
+            loading=False, aofm=self.aofm, pause_clients=self.pauses.append,
             prepare_shutdown=prepare_shutdown,
             shutdown=lambda **kw: self.shutdowns.append(b"shutdown"),
             cluster_reset=lambda hard: (self.resets.append(hard), self.node.flushall()),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from disque.timers import RES, STALE_SLACK, Timer, TimerWheel
+from disque.timers import NEVER, RES, STALE_SLACK, Timer, TimerWheel
 
 FAR = 1_000_000  # ms: a time well ahead of a fresh wheel
 
@@ -174,8 +174,33 @@ def test_dropped_buckets_do_not_pile_up_in_the_heap():
         w.cancel(e)
     assert len(w._heap) <= 1100
     assert w.next_due() is not None
+    assert_earliest_is_the_heads_key(w)  # (after heap rebuilds)
     assert w.due(FAR + 10**9) == [keep]
     assert w.next_due() is None
+    assert w.earliest == NEVER
+
+
+def assert_earliest_is_the_heads_key(w: TimerWheel) -> None:
+    """`earliest` (what the server compares after every read) is the key of next_due()."""
+    nd = w.next_due()
+    assert w.earliest == (NEVER if nd is None else nd // RES)
+
+
+def test_earliest_follows_schedule_due_cancel_and_clear():
+    w = TimerWheel()
+    assert w.earliest == NEVER
+    a, b = E("a"), E("b")
+    w.schedule(a, FAR + 100)
+    assert w.earliest == -(-(FAR + 100) // RES)
+    w.schedule(b, FAR + 50)  # sooner: a new head
+    assert w.earliest == -(-(FAR + 50) // RES)
+    w.schedule(b, FAR + 500)  # moved later: its old bucket is dropped, its key stays
+    assert_earliest_is_the_heads_key(w)
+    assert w.due(FAR + 100) == [a]
+    assert_earliest_is_the_heads_key(w)
+    assert w.earliest == -(-(FAR + 500) // RES)
+    w.clear()
+    assert w.earliest == NEVER
 
 
 def test_an_entry_cleared_without_cancel_comes_out_stale_and_can_be_rescheduled():
@@ -354,6 +379,7 @@ def _contract_run(start: int, spread: int, ops: list[tuple[str, int, int]]) -> N
         assert all(stale < live + timers.STALE_SLACK
                    for stale, live in stale_and_live(w, now // RES + 1))
         assert len(w) >= len(model)
+        assert_earliest_is_the_heads_key(w)
     ran = []
     for x in w.due(now + 10_000):
         if x.awake:  # the owner's rule: a copy rescheduled in the same bucket runs once
