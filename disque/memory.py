@@ -17,7 +17,7 @@ stopped (`evict_sample`).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TypeVar
 
 from disque.jobs.job import ACKED, F_DELIVERED, QUEUED
 from disque.latency import EVICTION_CYCLE
@@ -28,6 +28,8 @@ from disque.timers import Timer
 QUEUE_GC_PERIOD = 100  # ms between queue eviction samples
 QUEUE_GC_SHARDS = 16  # queue-table shards sampled per period
 EVICT_SAMPLE = 500  # jobs (then queues) one eviction attempt examines at most
+
+E = TypeVar("E")  # what a table holds: jobs or queues
 
 
 class Memory:
@@ -103,7 +105,7 @@ class Memory:
                 self.state.drop_queue(q)
         return freed
 
-    def eviction_sample(self, table: ScanDict, cursor: str) -> Iterator[Any]:
+    def eviction_sample(self, table: ScanDict[bytes, E], cursor: str) -> Iterator[E]:
         """Entries of `table`, whole shards from the shard the attribute `cursor` names
         (advanced as they are visited), until EVICT_SAMPLE entries were handed out."""
         n = table.shard_count()

@@ -527,7 +527,7 @@ class Node(NodeState):
         state = job.state
         if qtime and state == ACTIVE:
             if now >= qtime:
-                q = self.queues.get(job.queue)
+                q = self.queue_of(job)
                 if job.retry and q is not None and q.paused & PAUSE_IN:
                     job.qtime = self.requeue_time(job, now)
                 else:

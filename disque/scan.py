@@ -10,10 +10,13 @@ the cursor. Lookups cost one extra list index.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Generic, TypeVar
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 
-class ScanDict:
+class ScanDict(Generic[K, V]):
     """`shards`, `mask` and `size` are public: the hot paths of the node insert into a
     shard directly (`shards[hash(key) & mask][key] = value`) and count it (`size += 1`),
     saving a method call per job."""
@@ -21,20 +24,20 @@ class ScanDict:
     __slots__ = ("shards", "mask", "size")
 
     def __init__(self, bits: int = 12) -> None:
-        self.shards: list[dict[Any, Any]] = [{} for _ in range(1 << bits)]
+        self.shards: list[dict[K, V]] = [{} for _ in range(1 << bits)]
         self.mask = (1 << bits) - 1
         self.size = 0
 
-    def get(self, key: Any) -> Any:
+    def get(self, key: K) -> V | None:
         return self.shards[hash(key) & self.mask].get(key)
 
-    def add(self, key: Any, value: Any) -> None:
+    def add(self, key: K, value: V) -> None:
         shard = self.shards[hash(key) & self.mask]
         if key not in shard:
             self.size += 1
         shard[key] = value
 
-    def pop(self, key: Any) -> Any:
+    def pop(self, key: K) -> V | None:
         value = self.shards[hash(key) & self.mask].pop(key, None)
         if value is not None:
             self.size -= 1
@@ -43,10 +46,10 @@ class ScanDict:
     def __len__(self) -> int:
         return self.size
 
-    def __contains__(self, key: Any) -> bool:
+    def __contains__(self, key: object) -> bool:
         return key in self.shards[hash(key) & self.mask]
 
-    def values(self) -> Iterator[Any]:
+    def values(self) -> Iterator[V]:
         for shard in self.shards:
             yield from list(shard.values())
 
@@ -58,11 +61,11 @@ class ScanDict:
     def shard_count(self) -> int:
         return self.mask + 1
 
-    def shard(self, index: int) -> dict[Any, Any]:
+    def shard(self, index: int) -> dict[K, V]:
         return self.shards[index & self.mask]
 
-    def scan(self, cursor: int, count: int, keep: Callable[[Any], bool],
-             busyloop: bool = False) -> tuple[int, list[Any]]:
+    def scan(self, cursor: int, count: int, keep: Callable[[V], bool],
+             busyloop: bool = False) -> tuple[int, list[V]]:
         """Visit shards from `cursor`; stop after `count` matches or 10 x count elements.
 
         Returns (next cursor, values kept); next cursor 0 means the iteration is complete.
@@ -75,7 +78,7 @@ class ScanDict:
         n = len(shards)
         if cursor < 0 or cursor >= n:
             return 0, []
-        found: list[Any] = []
+        found: list[V] = []
         limit = count * 10
         examined = 0
         while cursor < n:

@@ -88,11 +88,11 @@ class Server:
             # announce the one we bind, not the stale one.
             me.ip = bind_ip.encode()
         self.latency = LatencyMonitor(wall_ms, _perf_ns, cfg.latency_monitor_threshold)
+        self.route_scheduled = False
         self.node = Node(myself, wall_ms, rng=rng, maxmemory=cfg.maxmemory,
                          maxmemory_policy=cfg.maxmemory_policy,
-                         queue_idle_timeout=cfg.queue_idle_timeout, latency=self.latency)
-        self.node.membership = self.membership
-        self.node.leaving = self.membership.leaving
+                         queue_idle_timeout=cfg.queue_idle_timeout, latency=self.latency,
+                         membership=self.membership, on_out=self.schedule_route)
         self.node.rereplication.rate = cfg.rereplicate_rate
         self.node.repair.rate = cfg.repair_rate
         self.node.repair.grace = cfg.repair_grace
@@ -101,8 +101,6 @@ class Server:
                        save_config=self.save_nodes_conf,
                        deliver_job_message=self.on_job_message,
                        link_changed=self.node.link_changed)
-        self.node.on_out = self.schedule_route
-        self.route_scheduled = False
         self.ack_sent = False  # an ACKJOB queued bus messages: route them before replying
         if fresh:
             self.save_nodes_conf(self.membership.nodes_conf())

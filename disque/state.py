@@ -105,8 +105,8 @@ class NodeState:
         self.rng = rng or random.Random()
         self.random = self.rng.random
         self.ids = IdGenerator(myself, randbytes) if randbytes else IdGenerator(myself)
-        self.jobs = ScanDict(12)
-        self.queues = ScanDict(8)
+        self.jobs: ScanDict[bytes, Job] = ScanDict(12)
+        self.queues: ScanDict[bytes, Queue] = ScanDict(8)
         # The registry's shards, held directly: register/lookup are on the hot path.
         self.jshards = self.jobs.shards
         self.jmask = self.jobs.mask
@@ -384,7 +384,8 @@ class NodeState:
 
     def fetch(self, q: Queue, now: int) -> Job:
         """Pop the oldest job of a queue for a consumer."""
-        job: Job = q.jobs.pop_first()
+        job = q.jobs.pop_first()
+        assert job is not None  # (callers fetch from a non-empty queue)
         job.state = ACTIVE  # state: QUEUED -> ACTIVE
         job.flags |= F_DELIVERED
         q.jobs_out += 1

@@ -84,6 +84,7 @@ class DeadLetters:
     def check(self, job: Job, now: int, nack: bool) -> bool:
         """Before a requeue (RETRY timer, or NACK when `nack`): True if the job was over its
         limit and went to its dead-letter queue instead (a NACK counted)."""
+        assert job.dl is not None  # (checked only for jobs with a policy)
         reason = job.dl.over_limit(job.nacks, job.deliveries, nack)
         if reason == REASON_NONE:
             return False
@@ -99,6 +100,7 @@ class DeadLetters:
         by_queue[source] = by_queue.get(source, 0) + 1
         if job.state == QUEUED:
             node.dequeue(job)
+        assert job.dl is not None
         dl = job.dl = job.dl.moved(min(job.dl.epoch + 1, MAX_EPOCH), reason, now)
         job.queue = node.create_queue(dl.queue, now).name
         if dl.deadttl:
@@ -118,6 +120,7 @@ class DeadLetters:
         if job.state == QUEUED:
             self.dead_letter(job, REASON_EXPIRED, now)
         else:
+            assert job.dl is not None
             self.adopt(job, min(job.dl.epoch + 1, MAX_EPOCH), REASON_EXPIRED, False)
 
     def redrive_job(self, job: Job, reset: bool, now: int) -> bool:
@@ -188,6 +191,7 @@ class DeadLetters:
         now = node.clock()
         if job.state == QUEUED:
             node.dequeue(job)  # (before the rename: the queue it is in is job.queue)
+        assert job.dl is not None
         dl = job.dl = job.dl.moved(epoch, reason, now)
         name = dl.current_queue()
         q = node.lookup_queue(name)

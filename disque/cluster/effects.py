@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ipaddress
 import random
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from disque.cluster.messages import GossipEntry, Message
 from disque.cluster.nodes import FAILING, HANDSHAKE, MYSELF, NOADDR, WIRE_FLAGS, ClusterNode
@@ -23,13 +23,21 @@ class Connect(NamedTuple):
     bus_port: int
 
 
+class Link(Protocol):
+    """A bus link as the membership sees it: a handle it keeps per node and hands back in
+    effects; the I/O layer (disque.cluster.bus.BusLink) sends on it and closes it."""
+
+    def send(self, msg: Message) -> None: ...
+    def close(self) -> None: ...
+
+
 class Send(NamedTuple):
-    link: Any
+    link: Link
     msg: Message
 
 
 class CloseLink(NamedTuple):
-    link: Any
+    link: Link
 
 
 class SaveConfig(NamedTuple):

@@ -108,6 +108,7 @@ class Federation:
         records = []
         for _ in range(min(count, len(q.jobs))):
             job = q.jobs.pop_first()
+            assert job is not None  # (at most len(q.jobs) of them)
             job.state = ACTIVE  # state: QUEUED -> ACTIVE (moving out)
             q.jobs_out += 1
             if to not in job.delivered:

@@ -62,6 +62,7 @@ from disque.cluster.effects import (
     CloseLink,
     Connect,
     Effect,
+    Link,
     LinkChanged,
     Log,
     SaveConfig,
@@ -296,7 +297,7 @@ class Membership:
         """nodes.conf text (the I/O layer writes it atomically)."""
         return render_nodes_conf(self.table.values())
 
-    def node_for_link(self, link: Any) -> ClusterNode | None:
+    def node_for_link(self, link: Link) -> ClusterNode | None:
         """The node an outbound link belongs to, if any."""
         return self._out_links.get(link)
 
@@ -402,7 +403,7 @@ class Membership:
         self._flush()
 
     # ------------------------------------------------------------------ link events
-    def link_connected(self, link: Any, token: int) -> None:
+    def link_connected(self, link: Link, token: int) -> None:
         """The outbound link asked by Connect(token, ...) is up (and authenticated)."""
         node = self._tokens.pop(token, None)
         if node is None or node.connecting != token or self.table.get(node.id) is not node:
@@ -433,11 +434,11 @@ class Membership:
         delay = min(RECONNECT_MIN << min(node.retries - 1, 16), RECONNECT_MAX)
         node.retry_at = self.clock() + delay
 
-    def link_accepted(self, link: Any, local_ip: bytes) -> None:
+    def link_accepted(self, link: Link, local_ip: bytes) -> None:
         """An inbound link was accepted (and authenticated) on our address `local_ip`."""
         self._inbound[link] = local_ip
 
-    def link_closed(self, link: Any) -> None:
+    def link_closed(self, link: Link) -> None:
         """A link went away (peer closed, I/O error, or after our CloseLink)."""
         node = self._out_links.pop(link, None)
         if node is not None:
@@ -447,7 +448,7 @@ class Membership:
             return
         self._inbound.pop(link, None)
 
-    def link_message(self, link: Any, msg: Message, peer_ip: bytes) -> None:
+    def link_message(self, link: Link, msg: Message, peer_ip: bytes) -> None:
         """A decoded membership message arrived on `link` from remote address `peer_ip`."""
         now = self.clock()
         node = self._out_links.get(link)
@@ -504,7 +505,7 @@ class Membership:
         self._sender_flags(node, h.flags)
         self._process_gossip(node, msg.gossip, now)
 
-    def _inbound_message(self, link: Any, msg: Message, peer_ip: bytes, now: int) -> None:
+    def _inbound_message(self, link: Link, msg: Message, peer_ip: bytes, now: int) -> None:
         """A request (or broadcast) from another node's outbound link."""
         h = msg.header
         sender_id = h.sender
@@ -703,7 +704,10 @@ class Membership:
     def _send_ping(self, node: ClusterNode, now: int, cls: type[Ping] | type[Meet]) -> None:
         if not node.ping_sent:
             node.ping_sent = now
-        self.outbox.append(Send(node.out_link, cls(self.header, gossip_entries(self.table, node, self.rng))))
+        link = node.out_link
+        assert link is not None  # (pings go out on a node's link)
+        self.outbox.append(Send(link, cls(self.header, gossip_entries(self.table, node,
+                                                                      self.rng))))
 
     def _process_gossip(self, sender: ClusterNode, entries: list[GossipEntry],
                         now: int) -> None:

@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from disque.cluster.effects import Link
 
 MYSELF = 1
 PFAIL = 2  # "fail?": this node's own timeout observation
@@ -74,7 +77,7 @@ class ClusterNode:
         self.bits = bits
         self.ping_sent = 0  # unix ms of the unanswered PING, 0 if none
         self.pong_received = 0  # unix ms of the last PONG
-        self.out_link: Any = None
+        self.out_link: Link | None = None
         self.link_ctime = 0
         self.connecting = 0  # token of the pending Connect, 0 if none
         self.retry_at = 0  # no reconnect attempt before this time

@@ -20,8 +20,8 @@ from disque.protocol.errors import CommandError, aof_write_failed, err, syntax
 from disque.protocol.reply import array_len
 
 if TYPE_CHECKING:
-    from disque.state import Persistence
     from disque.node import Node
+    from disque.state import Persistence
 
 
 # ---------------------------------------------------------------------------- ADDJOB

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from disque.jobs.deadletter import DeadLetter
 
 WAIT_REPL = 0
 ACTIVE = 1
@@ -57,7 +60,7 @@ class Job:
         self.qtime = 0  # ms: next (re)queue on this node, 0 = never
         self.awake = 0  # ms: when the timer wheel looks at the job next, 0 = not scheduled
         self.gc_retry = 0
-        self.dl: Any = None  # DeadLetter (disque.jobs.deadletter) or None
+        self.dl: DeadLetter | None = None  # the failure policy, if the job has one
 
     def __repr__(self) -> str:
         return f"<Job {self.id.decode()} {STATE_NAMES[self.state].decode()}>"

@@ -16,7 +16,10 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 from operator import attrgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from disque.jobs.job import Job
 
 LOAD = 512
 _ctime = attrgetter("ctime")
@@ -36,7 +39,7 @@ class OrderedJobs:
     def __bool__(self) -> bool:
         return self.size > 0
 
-    def add(self, job: Any) -> None:
+    def add(self, job: Job) -> None:
         ct = job.ctime
         maxes = self._maxes
         self.size += 1
@@ -58,7 +61,7 @@ class OrderedJobs:
             del chunk[LOAD:]
             maxes.insert(i, chunk[-1].ctime)
 
-    def remove(self, job: Any) -> bool:
+    def remove(self, job: Job) -> bool:
         """Remove this exact job object; False if it is not here."""
         ct = job.ctime
         maxes = self._maxes
@@ -88,7 +91,7 @@ class OrderedJobs:
         elif j == len(chunk):
             self._maxes[i] = chunk[-1].ctime
 
-    def pop_first(self) -> Any:
+    def pop_first(self) -> Job | None:
         """Remove and return the oldest job, or None when empty."""
         if not self.size:
             return None
@@ -100,7 +103,7 @@ class OrderedJobs:
             del self._maxes[0]
         return job
 
-    def first(self) -> Any:
+    def first(self) -> Job | None:
         return self._chunks[0][0] if self.size else None
 
     def __iter__(self) -> Iterator[Any]:
