@@ -1,6 +1,6 @@
 """structlog set up the one way disque-py logs: key-value events with level and UTC ISO time,
 exceptions rendered, through a renderer (console text or JSON lines) to one stream. The
-server (`server.configure_logging`, from disque.conf) and `disque-worker` (from its command
+server (`process.configure_logging`, from disque.conf) and `disque-worker` (from its command
 line) both use it."""
 
 from __future__ import annotations

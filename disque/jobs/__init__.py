@@ -1,4 +1,6 @@
-"""Jobs: the Job record, job IDs, and the registry of every job this node holds.
+"""Jobs: the Job record, job IDs, the table of state transitions (`states`), DEDUP keys
+(`dedup`), restoring a job from the AOF (`restore`), the dead-letter policy and the job's
+binary form. The registry itself is the node state's (disque.state).
 
 A job is in exactly one state: wait-repl (waiting for synchronous replication), active
 (held, not queued here), queued (in its queue on this node) or acked. `qtime` is when this

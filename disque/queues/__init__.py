@@ -2,6 +2,6 @@
 counters.
 
 A queue only holds jobs in state `queued` on this node; the job's own `state` is the truth
-and `Queue.jobs` mirrors it exactly (enqueue/dequeue in `disque.node` keep both in step).
+and `Queue.jobs` mirrors it exactly (enqueue/dequeue in `disque.state` keep both in step; `waiting`: the blocked clients).
 Empty queues with no blocked client and no pause are evicted after `queue-idle-timeout`.
 """
