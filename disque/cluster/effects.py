@@ -1,6 +1,16 @@
 """What the membership state machine (disque.cluster.membership) asks of the I/O layer, as
-values: the effects it queues (connect, send, close a link, save nodes.conf, log, a link
-changed), and the pure helpers it uses (node IDs, IP text, the gossip sample).
+values, and the pure helpers it uses (node IDs, IP text, the gossip sample). The I/O layer
+drains the effects after every event and applies them in order:
+
+- `Connect(token, node_id, ip, bus_port)`: open a bus link; report `link_connected(link,
+  token)` with the link object (opaque to the membership) or `connect_failed(token)`;
+- `Send(link, msg)`: write `msg` on `link` (coalescing writes is the I/O layer's business);
+- `CloseLink(link)`: close it and deliver nothing more from it;
+- `SaveConfig()`: nodes.conf changed, write `nodes_conf()` atomically;
+- `Log(event, fields)`: a rare, noteworthy change (node added/failed/forgotten...);
+- `LinkChanged(node_id, up)`: our outbound link to a (non-handshake) node came up or went
+  away; the I/O layer tells the job layer, which re-targets the replications in flight at
+  once (a killed peer's connection resets long before the node is flagged PFAIL).
 """
 
 from __future__ import annotations

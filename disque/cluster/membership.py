@@ -2,17 +2,8 @@
 
 Sans-I/O, in the style of h11: events come in as method calls (`meet`, `link_connected`,
 `link_message`, `tick`, ...), effects go out as small records appended to `outbox`, which the
-I/O layer drains after every event and applies in order:
-
-- `Connect(token, node_id, ip, bus_port)`: open a bus link; report `link_connected(link,
-  token)` with the link object (opaque here) or `connect_failed(token)`;
-- `Send(link, msg)`: write `msg` on `link` (coalescing writes is the I/O layer's business);
-- `CloseLink(link)`: close it and deliver nothing more from it;
-- `SaveConfig()`: nodes.conf changed, write `nodes_conf()` atomically;
-- `Log(event, fields)`: a rare, noteworthy change (node added/failed/forgotten...);
-- `LinkChanged(node_id, up)`: our outbound link to a (non-handshake) node came up or went
-  away; the I/O layer tells the job layer, which re-targets the replications in flight at
-  once (a killed peer's connection resets long before the node is flagged PFAIL).
+I/O layer drains after every event and applies in order (Connect, Send, CloseLink,
+SaveConfig, Log, LinkChanged: see disque.cluster.effects).
 
 Links. Every node keeps one *outbound* link per known node, for its own requests (PING,
 MEET, FAIL and, later, the job messages); replies (PONG) go back on the link the request
@@ -73,7 +64,6 @@ from disque.cluster.effects import (
 )
 from disque.cluster.messages import (
     INCARNATION_SHIFT,
-    TYPE_NAMES,
     BusStats,
     Fail,
     GossipEntry,
@@ -269,25 +259,14 @@ class Membership:
         """Our INFO Cluster section: node counts, then bus counters per message type."""
         nodes = self.table.values()
         stats = self.stats
-        fields: list[tuple[str, object]] = [
+        return [
             ("cluster_nodes", self.size()),
             ("cluster_reachable_nodes", len(self.reachable())),
             ("cluster_failing_nodes", sum(1 for n in nodes if n.bits & FAILING)),
             ("cluster_leaving_nodes", sum(1 for n in nodes if n.bits & LEAVING)),
             ("cluster_handshake_nodes", sum(1 for n in nodes if n.bits & HANDSHAKE)),
-            ("bus_messages_sent", stats.total_sent()),
-            ("bus_messages_received", stats.total_received()),
-            ("bus_bytes_sent", sum(stats.bytes_sent.values())),
-            ("bus_bytes_received", sum(stats.bytes_received.values())),
+            *stats.info_fields(),
         ]
-        for mtype, name in TYPE_NAMES.items():
-            if mtype in stats.msgs_sent or mtype in stats.msgs_received:
-                fields.append((f"bus_{name}", f"sent={stats.msgs_sent.get(mtype, 0)},"
-                                              f"sent_bytes={stats.bytes_sent.get(mtype, 0)},"
-                                              f"received={stats.msgs_received.get(mtype, 0)},"
-                                              f"received_bytes="
-                                              f"{stats.bytes_received.get(mtype, 0)}"))
-        return fields
 
     def cluster_nodes(self) -> str:
         """CLUSTER NODES text."""

@@ -600,6 +600,23 @@ class BusStats:
     def total_received(self) -> int:
         return sum(self.msgs_received.values())
 
+    def info_fields(self) -> list[tuple[str, object]]:
+        """INFO's bus counters: totals, then one line per message type seen."""
+        fields: list[tuple[str, object]] = [
+            ("bus_messages_sent", self.total_sent()),
+            ("bus_messages_received", self.total_received()),
+            ("bus_bytes_sent", sum(self.bytes_sent.values())),
+            ("bus_bytes_received", sum(self.bytes_received.values())),
+        ]
+        for mtype, name in TYPE_NAMES.items():
+            if mtype in self.msgs_sent or mtype in self.msgs_received:
+                fields.append((f"bus_{name}", f"sent={self.msgs_sent.get(mtype, 0)},"
+                                              f"sent_bytes={self.bytes_sent.get(mtype, 0)},"
+                                              f"received={self.msgs_received.get(mtype, 0)},"
+                                              f"received_bytes="
+                                              f"{self.bytes_received.get(mtype, 0)}"))
+        return fields
+
     def reset(self) -> None:
         for d in (self.msgs_sent, self.msgs_received, self.bytes_sent, self.bytes_received):
             d.clear()
