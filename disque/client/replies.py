@@ -12,17 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from disque.client.errors import DisqueError, error_from_redis
+from disque.protocol.values import decode
 
 ID_LEN = 40
-
-
-def decode(value: Any) -> Any:
-    """bytes -> str (UTF-8, undecodable bytes replaced); lists recursively; others as is."""
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    if isinstance(value, list):
-        return [decode(v) for v in value]
-    return value
 
 
 def is_job_id(job_id: str) -> bool:

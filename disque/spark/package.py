@@ -6,7 +6,8 @@
 
 It holds what the executors import: `disque/__init__.py`, `disque/client`, `disque/spark`,
 the consume policy and drivers `Client.consume` runs (`disque/worker`'s core, driver,
-threads and aio modules; not `disque-worker`'s command line, which needs structlog), and (unless `--no-redis`) redis-py, which is pure Python, with async-timeout (redis-py needs
+threads and aio modules; not `disque-worker`'s command line, which needs structlog),
+`disque/protocol/values.py` (RESP values as text), and (unless `--no-redis`) redis-py, which is pure Python, with async-timeout (redis-py needs
 it on Python < 3.11.3). hiredis is a C extension and cannot
 be shipped in a zip: where the workers have it installed, redis-py and the client use it
 (several times faster packing and parsing); without it they fall back to pure Python.
@@ -23,7 +24,9 @@ from pathlib import Path
 
 PACKAGES = ("disque/client", "disque/spark")
 MODULES = ("disque/worker/__init__.py", "disque/worker/core.py", "disque/worker/driver.py",
-           "disque/worker/threads.py", "disque/worker/aio.py")
+           "disque/worker/threads.py", "disque/worker/aio.py",
+           # RESP values as text, shared by the client and the node's HTTP side
+           "disque/protocol/__init__.py", "disque/protocol/values.py")
 
 
 def _add_tree(zf: zipfile.ZipFile, root: Path, base: Path) -> int:
