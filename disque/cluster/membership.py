@@ -5,17 +5,8 @@ Sans-I/O, in the style of h11: events come in as method calls (`meet`, `link_con
 I/O layer drains after every event and applies in order (Connect, Send, CloseLink,
 SaveConfig, Log, LinkChanged: see disque.cluster.effects).
 
-Links. Every node keeps one *outbound* link per known node, for its own requests (PING,
-MEET, FAIL and, later, the job messages); replies (PONG) go back on the link the request
-arrived on, an *inbound* link accepted by the I/O layer. So on an outbound link we only
-expect PONGs; everything else arrives on inbound links.
-
-Handshake. CLUSTER MEET (or gossip about an unknown node) creates a HANDSHAKE entry with a
-random temporary ID for the address and sends MEET on a new outbound link. The receiver adds
-the sender under the ID of its header (address: the announced one, else the peer address of
-the connection; ports from the header), unless blacklisted, and answers PONG; that PONG gives
-the handshake entry its real ID (or drops it, if that ID is already known or is myself).
-Handshake entries expire after max(node_timeout, 1000) ms.
+Links, handshake and failure detection (as Redis Cluster) are described in
+docs/architecture.md ("Cluster membership").
 
 Replication targets. `reachable()` (not handshake, leaving, PFAIL, FAIL or noaddr) is what
 CLUSTER INFO counts and what ADDJOB's NOREPL check compares REPLICATE with, as the original.
@@ -23,14 +14,6 @@ CLUSTER INFO counts and what ADDJOB's NOREPL check compares REPLICATE with, as t
 clusterReplicateJob ("No link, no party"). Both are cached tuples that stay the same object
 until the table (flags) or the links change, so the job layer can tell consecutive jobs with
 the same targets by identity.
-
-Failure detection (as Redis Cluster). Each tick (100 ms): connect nodes without a link;
-about once a second PING the node with the oldest PONG among 5 random ones; PING any node
-whose last PONG is older than node_timeout/2; close (and so reconnect) a link older than
-node_timeout whose PING is unanswered for node_timeout/2; a node whose PING is unanswered
-for node_timeout is PFAIL. Gossip from other nodes flagging it PFAIL/FAIL is a failure report
-(valid 2 x node_timeout); PFAIL becomes FAIL when reports + 1 >= size // 2 + 1, and a FAIL
-message then makes every receiver mark it FAIL. Any PONG from the node clears PFAIL and FAIL.
 
 Invariants:
 - exactly one entry has MYSELF, it is `self.me`, keyed by my ID; no other entry has my ID;
