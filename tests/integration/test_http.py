@@ -111,6 +111,11 @@ def test_metrics_parse_and_match_info_and_qstat_under_load(hnode: DisqueProcess,
 
     loader = Background(load)  # its assertions fail the test through result()
     try:
+        # the queue exists once the loader's first ADDJOB ran (a scrape before it would
+        # rightly have no series for it: that race failed this test once)
+        wait_for(lambda: any(s.labels.get("queue") == q
+                             for s in scrape(port)["disque_queue_jobs_added"].samples),
+                 what=f"queue {q} in /metrics")
         # scrapes while the node is busy: every one parses and has the queue's series
         deadline = time.monotonic() + 1.5
         scrapes = 0
