@@ -714,6 +714,27 @@ def test_queue_idle_timeout_is_10s_at_memory_level_1():
     assert sim.node.lookup_queue(b"q") is None
 
 
+def test_queue_idle_timeout_and_policy_set_at_run_time_reach_the_memory_subsystem():
+    """CONFIG SET queue-idle-timeout / maxmemory-policy assign the node's attributes
+    (disque.config_hooks): they must change what the memory subsystem does, not only what
+    the node reports."""
+    sim = Sim(queue_idle_timeout=300)
+    idle_queue(sim)
+    sim.node.queue_idle_timeout = 1
+    assert sim.node.queue_idle_timeout == 1 and sim.node.memory.queue_idle_timeout == 1
+    sim.advance(3000)  # (idle 1 s, and the GC's sample reaches every shard in 1.6 s)
+    assert sim.node.lookup_queue(b"q") is None  # collected: 1 s, not 300
+    sim.node.maxmemory_policy = "noeviction"
+    assert sim.node.memory.maxmemory_policy == "noeviction"
+    sim.node.add_job(b"q", b"x", 0, 1, None, None, 0, None, False)
+    job = next(iter(sim.node.jobs.values()))
+    sim.node.ackjob([job.id])  # (alone: deleted at once; add an acked copy to evict)
+    sim.node.maxmemory = sim.node.used_memory()  # above 95%: a command must evict first
+    assert not sim.node.ensure_memory()  # noeviction: refused, nothing evicted
+    sim.node.maxmemory_policy = "acks"
+    assert sim.node.memory.maxmemory_policy == "acks"
+
+
 def test_an_idle_queue_is_collected_when_its_last_blocked_client_leaves():
     """Checklist 10 queue idle GC: "also tried when its last blocked client leaves"
     (original unblockClientBlockedForJobs -> GCQueue(q, QUEUE_MAX_IDLE_TIME)). disque-py's
