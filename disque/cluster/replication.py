@@ -95,7 +95,7 @@ class ReplTimer:
     """The timer of the replications started in the same millisecond with the same
     timeout (the jobs of a pipelined or ADDJOBS batch): one timer-wheel entry for them all,
     waking at the earlier of the next retry tick and the timeout. A replication that is
-    over simply leaves `node.replicating`; the timer skips it, and goes when none is
+    over simply leaves `replicating`; the timer skips it, and goes when none is
     left."""
 
     __slots__ = ("replication", "reps", "started", "deadline", "next_tick", "awake")
