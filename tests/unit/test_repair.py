@@ -134,14 +134,17 @@ def test_copies_go_to_a_node_whose_link_comes_back_later() -> None:
 
 
 def test_copies_are_made_at_most_at_the_configured_rate() -> None:
-    r = Rig(rate=20)  # 2 per cluster cron
+    r = Rig(rate=20)  # 2 per cluster cron, a burst of one more (the bucket holds 3)
     jids = {r.copy() for _ in range(5)}
     r.drop(A)
     r.crons(DEFAULT_GRACE_MS)
     sent = [[j for to, j, noreply in repljobs(r.cron()) if not noreply] for _ in range(4)]
-    sent = [s for s in sent if s] + [[]]
     got = {j for s in sent for j in s}
-    assert all(len(s) <= 2 for s in sent) and got <= jids
+    # (when the walk finds the jobs depends on the registry's shards, so on the hash seed:
+    # the bound is the rate over the elapsed crons plus the bucket's one-copy burst)
+    assert all(len(s) <= 3 for s in sent)
+    assert all(sum(map(len, sent[:k])) <= 2 * k + 1 for k in range(1, 5))
+    assert got <= jids
     for _ in range(5):
         got |= {j for to, j, noreply in repljobs(r.cron()) if not noreply}
     assert got == jids
