@@ -50,6 +50,9 @@ def wait_for(cond: Callable[[], Any], timeout: float = 20.0, interval: float = 0
 class DisqueProcess:
     """One real server process. `args` are extra `--directive value` flags."""
 
+    NAME = "disque-server"
+    READY_REPLIES: tuple[bytes, ...] = (b"+PONG",)
+
     def __init__(self, workdir: Path, port: int | None = None, args: list[str] | None = None,
                  config_text: str | None = None) -> None:
         self.workdir = Path(workdir)
@@ -61,8 +64,12 @@ class DisqueProcess:
         self.log_path = self.workdir / "stdout.log"
 
     # -- lifecycle -------------------------------------------------------------------------
+    def executable(self) -> list[str]:
+        """How the server is run (the subclass: the original's binary)."""
+        return [sys.executable, "-m", "disque"]
+
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "disque"]
+        cmd = self.executable()
         if self.config_text is not None:
             conf = self.workdir / "disque.conf"
             conf.write_text(self.config_text)
@@ -81,16 +88,17 @@ class DisqueProcess:
         return self
 
     def wait_ready(self, timeout: float = 30.0) -> None:
+        """Up once it answers PING with one of READY_REPLIES."""
         def ready() -> bool:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.output()}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
                     s.sendall(b"*1\r\n$4\r\nPING\r\n")
-                    return s.recv(64).startswith(b"+PONG")
+                    return s.recv(64).startswith(self.READY_REPLIES)
             except OSError:
                 return False
-        wait_for(ready, timeout=timeout, what=f"disque-server on port {self.port}")
+        wait_for(ready, timeout=timeout, what=f"{self.NAME} on port {self.port}")
 
     def output(self) -> str:
         try:
@@ -163,27 +171,12 @@ class OriginalDisqueProcess(DisqueProcess):
     RESP2 only (it refuses `HELLO 3`) and has no ADDJOBS, which is what the client's
     fallbacks are tested against."""
 
+    NAME = "the original disque-server"
+    READY_REPLIES = (b"+PONG", b"-NOAUTH")  # (up, with a password set)
+
     def __init__(self, workdir: Path, executable: str, **kw: Any) -> None:
         super().__init__(workdir, **kw)
-        self.executable = executable
+        self.binary = executable
 
-    def command(self) -> list[str]:
-        cmd = [self.executable]
-        if self.config_text is not None:
-            conf = self.workdir / "disque.conf"
-            conf.write_text(self.config_text)
-            cmd.append(str(conf))
-        return cmd + ["--port", str(self.port), "--dir", str(self.workdir)] + self.args
-
-    def wait_ready(self, timeout: float = 30.0) -> None:
-        """Up once it answers PING (or -NOAUTH, with a password)."""
-        def ready() -> bool:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.output()}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
-                    s.sendall(b"*1\r\n$4\r\nPING\r\n")
-                    return s.recv(64).startswith((b"+PONG", b"-NOAUTH"))
-            except OSError:
-                return False
-        wait_for(ready, timeout=timeout, what=f"the original disque-server on port {self.port}")
+    def executable(self) -> list[str]:
+        return [self.binary]

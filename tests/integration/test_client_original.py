@@ -55,7 +55,7 @@ def test_sync_add_jobs_falls_back_to_pipelined_addjob(original: OriginalDisquePr
 
 def test_password_is_sent_with_auth_over_resp2(original: OriginalDisqueProcess) -> None:
     original.kill()  # (a second one, with a password)
-    secret = OriginalDisqueProcess(original.workdir.parent / "secret", original.executable,
+    secret = OriginalDisqueProcess(original.workdir.parent / "secret", original.binary,
                                    args=["--requirepass", "s3cret"])
     try:
         secret.start()
