@@ -329,7 +329,12 @@ class NodeState:
             self.mem_used -= QUEUE_MEMORY
 
     def queue_of(self, job: Job) -> Queue | None:
-        return self.lookup_queue(job.queue) if job.queue is not None else None
+        """The job's queue object, if it exists (one probe: every ACKJOB asks)."""
+        queue = job.queue
+        if queue is None:
+            return None
+        q: Queue | None = self.qshards[hash(queue) & self.qmask].get(queue)
+        return q
 
     # ------------------------------------------------------------------ local job machine
     def enqueue(self, job: Job, now: int = 0) -> bool:
