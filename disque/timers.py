@@ -55,14 +55,18 @@ class Timer:
         self.awake = 0
 
 
-class _Bucket(list):
+class _Bucket:
     """The entries of one RES ms slot; how many of them went stale since it was built, and
     how many are live at most (exact after a rebuild; an entry rescheduled into the bucket
-    it is in has two copies, and counts twice until the next rebuild)."""
+    it is in has two copies, and counts twice until the next rebuild). A class holding a
+    list rather than a `list` subclass: mypyc cannot compile a subclass of a builtin."""
 
-    __slots__ = ("stale", "live")
-    stale: int
-    live: int
+    __slots__ = ("entries", "stale", "live")
+
+    def __init__(self, entries: list[Scheduled], live: int) -> None:
+        self.entries = entries
+        self.stale = 0
+        self.live = live
 
 
 class TimerWheel:
@@ -117,12 +121,11 @@ class TimerWheel:
                 self._went_stale_after_fired()
         bucket = buckets.get(key)
         if bucket is None:
-            bucket = buckets[key] = _Bucket()
-            bucket.stale = bucket.live = 0
+            bucket = buckets[key] = _Bucket([], 0)
             heapq.heappush(self._heap, key)
             if key < self.earliest:
                 self.earliest = key
-        bucket.append(entry)
+        bucket.entries.append(entry)
         bucket.live += 1
 
     def cancel(self, entry: Scheduled) -> None:
@@ -171,11 +174,9 @@ class TimerWheel:
         once."""
         hi = key * RES
         lo = 0 if key == self._fired + 1 else hi - RES
-        live = _Bucket(dict.fromkeys([e for e in bucket if lo < e.awake <= hi]))
+        live = list(dict.fromkeys([e for e in bucket.entries if lo < e.awake <= hi]))
         if live:
-            live.stale = 0
-            live.live = len(live)
-            self._buckets[key] = live
+            self._buckets[key] = _Bucket(live, len(live))
         else:
             self._drop(key)
 
@@ -206,18 +207,18 @@ class TimerWheel:
             if bucket is None:
                 self._stale_keys -= 1
             else:
-                out.extend(bucket)
+                out.extend(bucket.entries)
             self._fired = key
         self.earliest = heap[0] if heap else NEVER
         return out
 
     def entries(self) -> list[Any]:
         """Every entry in the wheel (stale copies included), in no particular order."""
-        return [e for b in self._buckets.values() for e in b]
+        return [e for b in self._buckets.values() for e in b.entries]
 
     def __len__(self) -> int:
         """Entries in the wheel, stale copies included."""
-        return sum(len(b) for b in self._buckets.values())
+        return sum(len(b.entries) for b in self._buckets.values())
 
     def clear(self) -> None:
         self._buckets.clear()

@@ -142,8 +142,8 @@ def stale_and_live(w: TimerWheel, after: int = -1) -> list[tuple[int, int]]:
     for key, bucket in w._buckets.items():
         if key <= after:
             continue
-        live = {id(e) for e in bucket if e.awake and w._key_of(e.awake) == key}
-        out.append((len(bucket) - len(live), len(live)))
+        live = {id(e) for e in bucket.entries if e.awake and w._key_of(e.awake) == key}
+        out.append((len(bucket.entries) - len(live), len(live)))
     return out
 
 
