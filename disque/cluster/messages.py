@@ -25,8 +25,8 @@ that is not 40 lowercase hex chars) raises `BusProtocolError` and nothing else; 
 closes that link. A `FrameDecoder` that raised stays failed.
 
 Type numbers are the original Disque's (PING 0 ... PAUSE 15). The job messages (REPLJOB ...
-PAUSE) get a `Message` subclass registered with `@message_type` the same way as the
-membership messages below.
+PAUSE) get a `Message` subclass listed in `_DECODERS` (at the end of the module) the same way as
+the membership messages below.
 
 Batched frames (protocol version 2): the node speaks one job per message, but on the wire the
 messages about jobs (REPLJOB and every message carrying a job ID and an `aux` integer: GOTJOB,
@@ -55,7 +55,7 @@ import re
 import secrets
 import struct
 from collections.abc import Callable, Iterable
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, Final, NamedTuple
 
 import msgpack
 
@@ -163,17 +163,8 @@ class Header:
 
 
 # ---------------------------------------------------------------------------- messages
-_DECODERS: dict[int, type[Message]] = {}
 # fixarray(8), version, type: the first three bytes of every payload.
 _PREFIX: dict[int, bytes] = {t: b"\x98" + _packb(VERSION) + _packb(t) for t in TYPE_NAMES}
-
-
-def message_type(cls: type[Message]) -> type[Message]:
-    """Class decorator: register `cls` as the decoder of `cls.TYPE`."""
-    if cls.TYPE in _DECODERS:
-        raise ValueError(f"bus message type {cls.TYPE} registered twice")
-    _DECODERS[cls.TYPE] = cls
-    return cls
 
 
 class Message:
@@ -266,7 +257,6 @@ class _GossipMessage(Message):
         return cls(header, [_gossip_entry(e) for e in payload])
 
 
-@message_type
 class Ping(_GossipMessage):
     """A request for a PONG, sent on the sender's outbound link; carries gossip."""
 
@@ -274,7 +264,6 @@ class Ping(_GossipMessage):
     TYPE = PING
 
 
-@message_type
 class Pong(_GossipMessage):
     """The reply to PING/MEET, on the link the request came on (or broadcast on a change)."""
 
@@ -282,7 +271,6 @@ class Pong(_GossipMessage):
     TYPE = PONG
 
 
-@message_type
 class Meet(_GossipMessage):
     """Like PING, but the receiver adds an unknown sender to its node table."""
 
@@ -290,7 +278,6 @@ class Meet(_GossipMessage):
     TYPE = MEET
 
 
-@message_type
 class Fail(Message):
     """The sender's majority decided `node_id` is failing: every receiver marks it FAIL."""
 
@@ -310,7 +297,6 @@ class Fail(Message):
         return cls(header, _node_id(payload[0]))
 
 
-@message_type
 class AuthChallenge(Message):
     """Sent by the accepting side first thing when cluster-password is set."""
 
@@ -333,7 +319,6 @@ class AuthChallenge(Message):
         return cls(header, nonce)
 
 
-@message_type
 class AuthResponse(Message):
     """The connecting side's answer: HMAC-SHA256(password, nonce || sender node ID)."""
 
@@ -800,8 +785,9 @@ class _JobIdMessage(Message):
     def decode_batch(cls, header: Header, payload: list[Any]) -> list[Message]:
         ids = [_job_id(job_id) for job_id in _batch_items(payload, TYPE_NAMES[cls.TYPE])]
         aux = _uint(payload[1], "aux")
-        if len(ids) > 1 and cls.BATCH is not None:
-            return [cls.BATCH(header, ids, aux)]
+        batch = cls.BATCH
+        if len(ids) > 1 and batch is not None:
+            return [batch(header, ids, aux)]
         return [cls(header, job_id, aux) for job_id in ids]
 
 
@@ -811,7 +797,6 @@ class BatchOf(Message):
     ones (REPLJOB, GOTJOB) cost no object and no dispatch per job."""
 
     __slots__ = ("items", "key", "n")
-    SINGLE: ClassVar[Any]  # the message type this is a batch of (its own constructor)
 
     def __init__(self, header: Header, items: list[Any], key: Any) -> None:
         self.header = header
@@ -823,33 +808,33 @@ class BatchOf(Message):
         return (self.items, self.key)
 
     def messages(self) -> list[Message]:
-        single = self.SINGLE
-        return [single(self.header, item, self.key) for item in self.items]
+        """The single messages this batch stands for."""
+        raise NotImplementedError
+
+
+class GotJobBatch(BatchOf):
+    """Several GOTJOBs of one frame. (Each batch class names its single message type in
+    its methods, and the single type names its batch class as BATCH, set in its class
+    body: no class attribute is assigned after the class, which mypyc does not allow.)"""
+
+    __slots__ = ()
+    TYPE = GOTJOB
+
+    def messages(self) -> list[Message]:
+        return [GotJob(self.header, item, self.key) for item in self.items]
 
     def encode(self) -> bytes:
-        return self.SINGLE.frame(self.header, self.items, self.key)
+        return GotJob.frame(self.header, self.items, self.key)
 
 
-@message_type
 class GotJob(_JobIdMessage):
     """Reply to REPLJOB: the sender now holds a copy."""
 
     __slots__ = ()
     TYPE = GOTJOB
+    BATCH = GotJobBatch
 
 
-class GotJobBatch(BatchOf):
-    """Several GOTJOBs of one frame."""
-
-    __slots__ = ()
-    TYPE = GOTJOB
-    SINGLE = GotJob
-
-
-GotJob.BATCH = GotJobBatch
-
-
-@message_type
 class EnqueueJob(_JobIdMessage):
     """Queue this job (aux = delay in seconds): sent by a node that kept no copy."""
 
@@ -857,7 +842,6 @@ class EnqueueJob(_JobIdMessage):
     TYPE = ENQUEUE
 
 
-@message_type
 class Queued(_JobIdMessage):
     """The sender queued the job (aux = QUEUED_INCR_* flags): postpone your own requeue."""
 
@@ -865,7 +849,6 @@ class Queued(_JobIdMessage):
     TYPE = QUEUED
 
 
-@message_type
 class SetAck(_JobIdMessage):
     """Mark the job acknowledged (aux = how many nodes the sender thinks may have it)."""
 
@@ -873,7 +856,6 @@ class SetAck(_JobIdMessage):
     TYPE = SETACK
 
 
-@message_type
 class WillQueue(_JobIdMessage):
     """The sender will requeue the job in 500 ms unless told it is queued or acked."""
 
@@ -881,7 +863,6 @@ class WillQueue(_JobIdMessage):
     TYPE = WILLQUEUE
 
 
-@message_type
 class GotAck(_JobIdMessage):
     """Reply to SETACK (aux = 1 if the sender knew the job)."""
 
@@ -889,7 +870,6 @@ class GotAck(_JobIdMessage):
     TYPE = GOTACK
 
 
-@message_type
 class DelJob(_JobIdMessage):
     """Delete your copy of the job."""
 
@@ -897,7 +877,6 @@ class DelJob(_JobIdMessage):
     TYPE = DELJOB
 
 
-@message_type
 class WorkingJob(_JobIdMessage):
     """A consumer is still working on the job: postpone the requeue, dequeue it. aux > 0:
     a NACK DELAY of aux seconds (count a nack; requeue no sooner than aux s + RETRY)."""
@@ -906,7 +885,19 @@ class WorkingJob(_JobIdMessage):
     TYPE = WORKING
 
 
-@message_type
+class ReplJobBatch(BatchOf):
+    """Several REPLJOBs of one frame."""
+
+    __slots__ = ()
+    TYPE = REPLJOB
+
+    def messages(self) -> list[Message]:
+        return [ReplJob(self.header, item, self.key) for item in self.items]
+
+    def encode(self) -> bytes:
+        return ReplJob.frame(self.header, self.items, self.key)
+
+
 class ReplJob(Message):
     """Hold a copy of this job (reply GOTJOB unless `noreply`). On the wire a frame carries
     a list of job records sharing one `noreply`."""
@@ -914,6 +905,7 @@ class ReplJob(Message):
     __slots__ = ("job", "noreply")
     TYPE = REPLJOB
     BATCH_KEY = "noreply"
+    BATCH = ReplJobBatch
 
     def __init__(self, header: Header, job: JobRecord, noreply: bool = False) -> None:
         self.header = header
@@ -953,21 +945,9 @@ class ReplJob(Message):
         jobs = [_job_record(r, table, cache) for r in recs]
         if len(jobs) == 1:
             return [cls(header, jobs[0], noreply)]
-        return [cls.BATCH(header, jobs, noreply)]  # type: ignore[misc]
+        return [ReplJobBatch(header, jobs, noreply)]
 
 
-class ReplJobBatch(BatchOf):
-    """Several REPLJOBs of one frame."""
-
-    __slots__ = ()
-    TYPE = REPLJOB
-    SINGLE = ReplJob
-
-
-ReplJob.BATCH = ReplJobBatch
-
-
-@message_type
 class NeedJobs(Message):
     """The sender has consumers waiting on `queue`: send up to `count` jobs."""
 
@@ -990,7 +970,6 @@ class NeedJobs(Message):
         return cls(header, payload[0], _uint(payload[1], "count"))
 
 
-@message_type
 class YourJobs(Message):
     """Jobs moved out of the sender's queue, for the receiver to queue."""
 
@@ -1012,7 +991,6 @@ class YourJobs(Message):
         return cls(header, [_job_record(r) for r in payload[0]])
 
 
-@message_type
 class PauseQueue(Message):
     """Set the pause state of `queue` (flags: 1 in, 2 out), as PAUSE ... bcast."""
 
@@ -1034,3 +1012,12 @@ class PauseQueue(Message):
         if type(payload[0]) is not bytes or flags > 3:
             raise BusProtocolError("bad PAUSE payload")
         return cls(header, payload[0], flags)
+
+
+# The decoder of each message type: an explicit table rather than a class decorator (a
+# decorated class is not a native class for mypyc), in the order of the type numbers.
+_DECODERS: Final[dict[int, type[Message]]] = {cls.TYPE: cls for cls in (
+    Ping, Pong, Meet, Fail, ReplJob, GotJob, EnqueueJob, Queued, SetAck, WillQueue, GotAck,
+    DelJob, NeedJobs, YourJobs, WorkingJob, PauseQueue, AuthChallenge, AuthResponse)}
+if sorted(_DECODERS) != sorted(TYPE_NAMES):
+    raise ValueError("every bus message type needs exactly one decoder class")
