@@ -16,7 +16,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from disque.jobs.job import Job
@@ -29,7 +29,7 @@ class OrderedJobs:
     __slots__ = ("_chunks", "_maxes", "size")
 
     def __init__(self) -> None:
-        self._chunks: list[list[Any]] = []
+        self._chunks: list[list[Job]] = []
         self._maxes: list[int] = []
         self.size = 0
 
@@ -106,14 +106,14 @@ class OrderedJobs:
     def first(self) -> Job | None:
         return self._chunks[0][0] if self.size else None
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Job]:
         """Oldest to newest (snapshot per chunk: safe against changes between chunks)."""
         for chunk in list(self._chunks):
             yield from list(chunk)
 
-    def newest(self, n: int) -> list[Any]:
+    def newest(self, n: int) -> list[Job]:
         """The n newest jobs, newest first."""
-        out: list[Any] = []
+        out: list[Job] = []
         for chunk in reversed(self._chunks):
             for job in reversed(chunk):
                 if len(out) >= n:
@@ -121,9 +121,9 @@ class OrderedJobs:
                 out.append(job)
         return out
 
-    def oldest(self, n: int) -> list[Any]:
+    def oldest(self, n: int) -> list[Job]:
         """The n oldest jobs, oldest first."""
-        out: list[Any] = []
+        out: list[Job] = []
         for chunk in self._chunks:
             if len(out) + len(chunk) <= n:
                 out.extend(chunk)
