@@ -144,9 +144,6 @@ class ReplJobsOut(ReplJobBatch):
         return frame
 
 
-_new_job = object.__new__  # a Job whose fields the caller sets (see hold_copies)
-
-
 class JobReplication:
     """The replication subsystem of a node (`node.replication`)."""
 
@@ -400,7 +397,9 @@ class JobReplication:
         The hot path of a replica, so what the jobs of one frame share is worked out once
         (their queue, their `delivered` list: the decoder hands the jobs of a frame one
         tuple per distinct list) and a new copy is built and scheduled inline (the fields
-        of `job_from_record`, the timer of `schedule_job`)."""
+        of `job_from_record`, the timer of `schedule_job`). The copy comes from Job's
+        constructor: a compiled Job cannot be made with `object.__new__`, and compiled the
+        call costs next to nothing."""
         st = self.state
         myself = st.myself
         shards = st.jshards
@@ -433,7 +432,7 @@ class JobReplication:
                     rec_delivered if myself in rec_delivered else rec_delivered + (myself,))
                 # the WILLQUEUE 500 ms before a requeue, when others may hold the job
                 willqueue = 500 if len(delivered) > 1 else 0
-            job = _new_job(Job)
+            job = Job(job_id, queue, body, repl, ctime, now + ttl_ms, delay, retry, delivered)
             # register() and the lookup of a copy we already hold in one probe of the
             # registry (among millions of jobs, each probe is a cache miss)
             shard = shards[hash(job_id) & mask]
@@ -451,23 +450,11 @@ class JobReplication:
                 # (a repair's or a restart's REPLJOB) must not bring the job back
                 del shard[job_id]
                 continue
-            job.id = job_id
-            job.queue = queue
-            job.body = body
             job.state = ACTIVE  # state: WAIT_REPL -> ACTIVE (a new Job object)
-            job.flags = 0
-            job.repl = repl
-            job.ctime = ctime
-            job.etime = etime = now + ttl_ms
-            job.delay = delay
-            job.retry = retry
             job.nacks = nacks
             job.deliveries = deliv
-            job.delivered = delivered
-            job.confirmed = ()
-            job.gc_retry = 0
             job.dl = dl
-            job.awake = 0  # (not scheduled yet: schedule() sets it)
+            etime = job.etime
             if retry:
                 job.qtime = qtime = (now + (delay + retry) * 1000
                                      + int(random() * 500) - 250)
