@@ -8,3 +8,9 @@ pause), `cluster` (bus, membership, replication state machines), `aof` (persiste
 """
 
 __version__ = "0.1.0"
+
+# Before any hot module is imported: a compiled build older than its source is refused (see
+# disque/compiled.py); DISQUE_NO_COMPILE=1 runs pure Python beside a compiled build.
+from disque import compiled as _compiled  # noqa: E402
+
+_compiled.check_fresh()

@@ -61,6 +61,17 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["DISQUE_PORT_SLICE"] = f"{int(worker[2:])}/{count}"
 
 
+def pytest_report_header() -> list[str]:
+    """Which build the in-process suites run: the compiled hot path or pure Python."""
+    from disque import compiled
+
+    mods = compiled.compiled_modules()
+    build = f"compiled ({len(mods)} of {len(compiled.HOT_MODULES)} hot modules)" if mods \
+        else f"pure Python{' (' + compiled.refused + ')' if compiled.refused else ''}"
+    check = "on" if statecheck.CHECKING else "off (disque.jobs.job is compiled)"
+    return [f"disque build: {build}; job state checker: {check}"]
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _checked_job_states() -> Iterator[None]:
     """Every job state change made in this process (the unit and simulation suites) must be
