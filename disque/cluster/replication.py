@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
+from mypy_extensions import mypyc_attr
+
 from disque.cluster.messages import (
     DelJob,
     EnqueueJob,
@@ -47,6 +49,8 @@ NOREPL_TIMEOUT = "Timeout reached before replicating to the requested number of 
 NOREPL_REMOVED = "job removed (expired?) before the requested replication level was achieved"
 
 
+# Subclassed by the command layer (and the tests), which stays interpreted.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ReplWaiter:
     """The client of a synchronous ADDJOB. The command layer subclasses it."""
 

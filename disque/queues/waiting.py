@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from mypy_extensions import mypyc_attr
+
 from disque.jobs.job import Job
 from disque.protocol.errors import CommandError, leaving
 from disque.queues.queue import PAUSE_OUT, Queue
@@ -23,6 +25,8 @@ def _no_callback(now: int) -> None:
     pass
 
 
+# Subclassed by the command layer (and the tests), which stays interpreted.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Waiter:
     """A client blocked in GETJOB. The command layer subclasses it to write the replies."""
 

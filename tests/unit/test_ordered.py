@@ -15,21 +15,15 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from disque.jobs.job import Job
 from disque.queues import ordered
 from disque.queues.ordered import OrderedJobs
 
 
-class J:
-    """A job stand-in: identity matters, ordering is by ctime only."""
-
-    __slots__ = ("ctime", "n")
-
-    def __init__(self, ctime: int, n: int) -> None:
-        self.ctime = ctime
-        self.n = n
-
-    def __repr__(self) -> str:
-        return f"J({self.ctime},#{self.n})"
+def J(ctime: int, n: int) -> Job:
+    """A job whose ID is its insertion number `n`: identity matters, ordering is by ctime
+    only. (A real Job: a compiled OrderedJobs takes nothing else.)"""
+    return Job(b"%d" % n, b"q", b"", 1, ctime, 0, 0, 0, ())
 
 
 class OrderedJobsMachine(RuleBasedStateMachine):
@@ -40,15 +34,15 @@ class OrderedJobsMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.q = OrderedJobs()
-        self.model: list[J] = []
+        self.model: list[Job] = []
         self.seq = 0
         self.clock = 1000
 
-    def _model_add(self, job: J) -> None:
+    def _model_add(self, job: Job) -> None:
         self.model.append(job)
-        self.model.sort(key=lambda j: (j.ctime, j.n))
+        self.model.sort(key=lambda j: (j.ctime, int(j.id)))
 
-    def _new(self, ctime: int) -> J:
+    def _new(self, ctime: int) -> Job:
         self.seq += 1
         return J(ctime, self.seq)
 

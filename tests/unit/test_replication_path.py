@@ -22,7 +22,9 @@ from disque.queues.queue import PAUSE_IN
 from disque.timers import RES
 from tests.unit.test_cluster_jobs import ME, A, B, C, D, Rig, hdr, targets
 
-FIELDS = [s for s in Job.__slots__ if s not in ("awake", "qtime")]
+# (a compiled Job has no __slots__: mypyc lists its fields in __mypyc_attrs__)
+FIELDS = [s for s in getattr(Job, "__slots__", None) or Job.__mypyc_attrs__  # type: ignore[attr-defined]
+          if s not in ("awake", "qtime")]
 
 
 def fields(job: Job) -> dict[str, object]:
