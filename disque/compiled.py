@@ -7,12 +7,15 @@ compiled call into a compiled function skips the interpreter; an interpreted cal
 not), so the set grows by whole call chains, not by single modules.
 
 Invariants: the source stays the program. A compiled module is one `.so` next to its `.py`
-(an in-place build, as an editable install makes); all of them share one library, and
-compiled modules call each other directly, not through the import system. So a `.so`
-older than its `.py` would run old code without a word: `check_fresh` (called by
-`disque/__init__.py` before any hot module is imported) refuses the compiled build as a
-whole when any compiled module is older than its source, with a warning that says how to
-rebuild, and the pure-Python modules are loaded instead.
+(an in-place build, as an editable install makes); the code of all of them is in one shared
+library, and compiled modules call each other directly, not through the import system. So
+a build older than any of its sources would run old code without a word: `check_fresh`
+(called by `disque/__init__.py` before any hot module is imported) refuses the compiled
+build as a whole when a source differs from the one compiled, with a warning that says how
+to rebuild, and the pure-Python modules are loaded instead. The build records a hash of
+each source it compiled (`write_record`, in `_compiled.json` beside this module): file
+times do not tell (a rebuild leaves a module's small `.so` untouched when only the shared
+library changed; a checkout sets a file's time to now), contents do.
 """
 
 from __future__ import annotations
@@ -20,10 +23,12 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import json
 import os
 import sys
 import warnings
 from collections.abc import Sequence
+from hashlib import sha256
 from types import ModuleType
 from typing import Final
 
@@ -52,6 +57,7 @@ HOT_MODULES: Final = (
 
 _PACKAGE_DIR: Final = os.path.dirname(os.path.abspath(__file__))
 _EXT: Final = importlib.machinery.EXTENSION_SUFFIXES[0]  # .cpython-311-x86_64-linux-gnu.so
+RECORD: Final = os.path.join(_PACKAGE_DIR, "_compiled.json")
 
 # Set by check_fresh: why the compiled build was refused ("" when it was not).
 refused = ""
@@ -63,17 +69,30 @@ def _paths(module: str) -> tuple[str, str]:
     return base + ".py", base + _EXT
 
 
+def _digest(path: str) -> str:
+    with open(path, "rb") as f:
+        return sha256(f.read()).hexdigest()
+
+
+def write_record(modules: Sequence[str] = HOT_MODULES) -> None:
+    """Called by the build before it compiles: the hash of each source it compiles."""
+    record = {name: _digest(_paths(name)[0]) for name in modules}
+    with open(RECORD, "w") as f:
+        json.dump(record, f, indent=1, sort_keys=True)
+
+
 def stale_modules(modules: Sequence[str] = HOT_MODULES) -> list[str]:
-    """The modules whose compiled form exists and is older than their source."""
-    out = []
-    for name in modules:
-        src, ext = _paths(name)
-        try:
-            if os.stat(ext).st_mtime < os.stat(src).st_mtime:
-                out.append(name)
-        except FileNotFoundError:
-            continue
-    return out
+    """The modules compiled in place whose source is not the one compiled (all of them
+    when the build left no record)."""
+    compiled = [name for name in modules if os.path.exists(_paths(name)[1])]
+    if not compiled:
+        return []
+    try:
+        with open(RECORD) as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return compiled
+    return [name for name in compiled if record.get(name) != _digest(_paths(name)[0])]
 
 
 class _SourceFirst(importlib.abc.MetaPathFinder):
@@ -98,7 +117,7 @@ def check_fresh() -> None:
         stale = stale_modules()
         if not stale:
             return
-        refused = "compiled modules older than their source: " + ", ".join(stale)
+        refused = "compiled modules whose source changed since: " + ", ".join(stale)
         warnings.warn(f"disque: {refused}; running pure Python (rebuild with `make install`)",
                       RuntimeWarning, stacklevel=2)
     if not any(isinstance(f, _SourceFirst) for f in sys.meta_path):

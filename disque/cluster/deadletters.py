@@ -34,6 +34,8 @@ requeues, which may lag behind by the messages it missed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from disque.cluster.messages import (
     QUEUED_INCR_NACKS,
     QUEUED_RESET,
@@ -79,6 +81,9 @@ class DeadLetters:
         self.by_queue: dict[bytes, int] = {}
         self.tasks: dict[bytes, RedriveTask] = {}
         self._timer = Timer(self._redrive_tick)
+        # told of every decision to dead-letter a job (job, reason), before it is moved:
+        # for the simulation's checks, which cannot wrap a method of a compiled class
+        self.observer: Callable[[Job, int], None] | None = None
 
     # ------------------------------------------------------------------ dead-lettering
     def check(self, job: Job, now: int, nack: bool) -> bool:
@@ -94,6 +99,8 @@ class DeadLetters:
         return True
 
     def dead_letter(self, job: Job, reason: int, now: int, flags: int = 0) -> None:
+        if self.observer is not None:
+            self.observer(job, reason)
         node = self.node
         by_queue = self.by_queue
         source = job.queue or b""  # (a job with a policy always has its queue)

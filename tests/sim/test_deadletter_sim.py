@@ -66,15 +66,12 @@ class DeadLetterRun:
                                    nack_delay=nack_delay) for i in range(N)]
 
     def _watch(self, i: int) -> None:
-        deadletters = self.net.node(i).deadletters
-        dead_letter = deadletters.dead_letter
         log = self.dead_lettered
 
-        def watched(job: Job, reason: int, now: int, flags: int = 0) -> None:
+        def watched(job: Job, reason: int) -> None:
             log.append((job.id, i))
-            dead_letter(job, reason, now, flags)
 
-        deadletters.dead_letter = watched
+        self.net.node(i).deadletters.observer = watched
 
     def _restart(self, i: int) -> None:
         if self.net.nodes[i].state == "down":  # (not restarted early by heal)
