@@ -108,13 +108,20 @@ class _SourceFirst(importlib.abc.MetaPathFinder):
 
 
 def check_fresh() -> None:
-    """Refuse the compiled build if any compiled module is older than its source, or if
-    DISQUE_NO_COMPILE=1 asks for pure Python: then every hot module loads from source."""
+    """Refuse the compiled build if a compiled module's source changed since the build, or
+    if DISQUE_NO_COMPILE=1 asks for pure Python: then every hot module loads from source.
+    DISQUE_REQUIRE_COMPILED=1 (CI) makes a stale or missing compiled build an ImportError."""
     global refused
     if os.environ.get("DISQUE_NO_COMPILE") == "1":
         refused = "DISQUE_NO_COMPILE=1"
     else:
         stale = stale_modules()
+        if os.environ.get("DISQUE_REQUIRE_COMPILED") == "1":
+            missing = [m for m in HOT_MODULES if not os.path.exists(_paths(m)[1])]
+            if stale or missing:
+                raise ImportError("disque: DISQUE_REQUIRE_COMPILED=1 but the compiled build is "
+                                  f"stale ({', '.join(stale) or '-'}) or missing "
+                                  f"({', '.join(missing) or '-'}): run `make install`")
         if not stale:
             return
         refused = "compiled modules whose source changed since: " + ", ".join(stale)
