@@ -2,7 +2,8 @@
 
 `HOT_MODULES` is the set the build compiles (setup.py reads it from here): the job and
 queue classes, the registry, the timer wheel, the node state, the node and its cluster
-subsystems, and the bus codec. The gain needs the callers compiled with the callees (a
+subsystems, the bus codec, and the request path (RESP, connection, dispatch, the job
+commands). The gain needs the callers compiled with the callees (a
 compiled call into a compiled function skips the interpreter; an interpreted caller does
 not), so the set grows by whole call chains, not by single modules.
 
@@ -53,6 +54,15 @@ HOT_MODULES: Final = (
     "disque.cluster.deadletters",
     "disque.cluster.rereplication",
     "disque.cluster.repair",
+    # the request path: RESP reader and replies, the client connection, the dispatcher, and
+    # the job commands' handlers
+    "disque.protocol.errors",
+    "disque.protocol.reader",
+    "disque.protocol.reply",
+    "disque.connection",
+    "disque.dispatch",
+    "disque.commands.addjob",
+    "disque.commands.jobs",
 )
 
 _PACKAGE_DIR: Final = os.path.dirname(os.path.abspath(__file__))

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from disque.cluster.replication import ReplWaiter
-from disque.commands import Caller, command, parse_int, timeout_arg
+from disque.commands import Blocker, Caller, command, parse_int, timeout_arg
 from disque.jobs.deadletter import DeadLetter
 from disque.jobs.job import MAX_JOB_SECONDS, WAIT_REPL
 from disque.protocol.errors import CommandError, aof_write_failed, err, syntax
@@ -303,8 +303,11 @@ class BlockedAddJob(ReplWaiter):
             c.waiter = None
             mark = len(c.out)
             dispatch.execute(c, argv)
-            waiter = c.waiter
+            # (annotated: mypy took it for None, as set above, and so never checked the
+            # branch below; mypyc's stricter inference refuses that)
+            waiter: Blocker | None = c.waiter
             if waiter is not None:
+                assert isinstance(waiter, BlockedAddJob)  # (an ADDJOB parks nothing else)
                 group.add_waiter(waiter)
             else:
                 # its job's LOADJOB, if it logged one, is confirmed with the group's reply

@@ -69,6 +69,16 @@ class HeaderGuard:
         self.bulk_left = 0  # payload bytes (incl. CRLF) still expected in the current bulk
         self.req_bytes = 0  # bytes of this request seen so far
 
+    def copy(self) -> HeaderGuard:
+        """A guard in the same state, to probe ahead without moving this one."""
+        probe = HeaderGuard(self.max_bulk, self.max_query)
+        probe.line = self.line
+        probe.started = self.started
+        probe.args_left = self.args_left
+        probe.bulk_left = self.bulk_left
+        probe.req_bytes = self.req_bytes
+        return probe
+
     def feed(self, data: bytes) -> int:
         pos = 0
         end = len(data)
@@ -231,13 +241,13 @@ def _bad_element(a: object) -> str:
 class RequestReader:
     """Turns the bytes of one connection into complete requests (lists of bytes)."""
 
-    __slots__ = ("_reader", "_guard", "_inline", "max_bulk", "max_query")
+    __slots__ = ("_reader", "_guard", "_inline_line", "max_bulk", "max_query")
 
     def __init__(self, max_bulk: int = 512 * 1024 * 1024,
                  max_query: int = 1024 * 1024 * 1024) -> None:
         self._reader = hiredis.Reader()
         self._guard: HeaderGuard | None = None
-        self._inline = b""
+        self._inline_line = b""
         self.max_bulk = max_bulk
         self.max_query = max_query
 
@@ -246,7 +256,7 @@ class RequestReader:
         (a multibulk one, whose bytes the guard counts, or an inline line). Read only by
         CLIENT LIST and INFO, never on the request path."""
         guard = self._guard
-        return len(self._inline) + (guard.req_bytes if guard is not None else 0)
+        return len(self._inline_line) + (guard.req_bytes if guard is not None else 0)
 
     def feed(self, data: bytes, reqs: list) -> None:
         """Append the complete requests in `data` to `reqs`; raise ProtocolError if malformed.
@@ -255,9 +265,9 @@ class RequestReader:
         them before the protocol error, as Redis does.
         """
         while data:
-            if self._guard is None and not self._inline and data[0] != _STAR:
+            if self._guard is None and not self._inline_line and data[0] != _STAR:
                 data = self._feed_inline(data, reqs)
-            elif self._inline:
+            elif self._inline_line:
                 data = self._feed_inline(data, reqs)
             else:
                 data = self._feed_multibulk(data, reqs)
@@ -338,10 +348,7 @@ class RequestReader:
         guard = self._guard
         try:
             if guard is not None:
-                probe = HeaderGuard(guard.max_bulk, guard.max_query)
-                for name in HeaderGuard.__slots__:
-                    setattr(probe, name, getattr(guard, name))
-                end = probe.feed(data)
+                end = guard.copy().feed(data)
                 if end < 0:
                     return None
                 pos = end
@@ -386,22 +393,22 @@ class RequestReader:
         raise ProtocolError("invalid bulk length")
 
     def _feed_inline(self, data: bytes, reqs: list) -> bytes:
-        buf = self._inline + data if self._inline else data
+        buf = self._inline_line + data if self._inline_line else data
         while buf and buf[0] != _STAR:
             nl = buf.find(b"\n")
             if nl < 0:
                 if len(buf) > INLINE_MAX:
-                    self._inline = b""
+                    self._inline_line = b""
                     raise ProtocolError("too big inline request")
-                self._inline = buf
+                self._inline_line = buf
                 return b""
             line = buf[:nl]
             buf = buf[nl + 1:]
             args = split_inline(line)
             if args is None:
-                self._inline = b""
+                self._inline_line = b""
                 raise ProtocolError("unbalanced quotes in request")
             if args:
                 reqs.append(args)
-        self._inline = b""
+        self._inline_line = b""
         return buf

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from mypy_extensions import mypyc_attr
+
 OK = b"+OK\r\n"
 PONG = b"+PONG\r\n"
 EMPTY_ARRAY = b"*0\r\n"
@@ -21,6 +23,9 @@ _INTS = [b":%d\r\n" % i for i in range(1024)]
 _ALENS = [b"*%d\r\n" % i for i in range(64)]
 
 
+# A marker subclass of a builtin: a plain Python class even where this module is compiled
+# (mypyc cannot compile a subclass of str or bytes as a native class).
+@mypyc_attr(native_class=False)
 class Status(str):
     """A string answered as a status reply (`+text`) instead of a bulk string."""
 
@@ -42,6 +47,9 @@ class Map(dict):
     __slots__ = ()
 
 
+# A marker subclass of a builtin: a plain Python class even where this module is compiled
+# (mypyc cannot compile a subclass of str or bytes as a native class).
+@mypyc_attr(native_class=False)
 class Verbatim(bytes):
     """Pre-encoded RESP bytes, passed through `encode` untouched."""
 
