@@ -28,7 +28,7 @@ from typing import Any, TextIO
 
 import structlog
 
-from disque import __version__
+from disque import __version__, compiled
 from disque.aof.loader import AofLoadError
 from disque.cluster.membership import new_node_id
 from disque.cluster.nodes import ClusterNode, NodesConfError, parse_nodes_conf
@@ -242,7 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     """Console entry point: `disque-server [CONFIG_FILE] [--directive value ...]`."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("-v", "--version"):
-        print(f"disque-py server v={__version__} python={sys.version.split()[0]}")
+        yes, n = compiled.summary()
+        print(f"disque-py server v={__version__} python={sys.version.split()[0]} "
+              f"compiled={yes} ({n}/{len(compiled.HOT_MODULES)} hot modules)")
         return 0
     if argv and argv[0] in ("-h", "--help"):
         print(USAGE)
@@ -318,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
                 server.own_files.append(os.path.abspath(cfg.pidfile))
             except OSError as exc:
                 log.warning("server.pidfile_failed", path=cfg.pidfile, error=str(exc))
-        log.info("server.start", version=__version__, port=cfg.port, bind=" ".join(cfg.bind),
+        log.info("server.start", version=__version__, compiled=compiled.summary()[0],
+                 port=cfg.port, bind=" ".join(cfg.bind),
                  pid=os.getpid(), config_file=cfg.config_file or "",
                  node_id=server.node_id.decode(), dir=os.getcwd())
         if cfg.daemonize:

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from disque import __version__
 from disque.commands import TABLE
+from disque.compiled import HOT_MODULES
+from disque.compiled import summary as compiled_summary
 
 if TYPE_CHECKING:
     from disque.server import Server
@@ -56,6 +58,7 @@ def info_sections(server: Server) -> dict[str, list[tuple[str, Any]]]:
     ops, ikbps, okbps = server.cron.instantaneous()
     self_usage, child_usage = server.rusage()
     clients = list(server.clients.values())
+    compiled_yes, compiled_n = compiled_summary()
     sections: dict[str, list[tuple[str, Any]]] = {
         "Server": [
             # the original's release, for clients and tools that check it; ours follows
@@ -71,6 +74,8 @@ def info_sections(server: Server) -> dict[str, list[tuple[str, Any]]]:
             ("uptime_in_days", uptime // 86400), ("hz", cfg.hz),
             ("executable", EXECUTABLE),
             ("config_file", cfg.config_file or ""),
+            # the per-job hot path compiled with mypyc (disque/compiled.py), and how much of it
+            ("compiled", compiled_yes), ("compiled_modules", f"{compiled_n}/{len(HOT_MODULES)}"),
         ],
         "Clients": [
             ("connected_clients", len(clients)),

@@ -50,9 +50,10 @@ class DisqueCollector:
         me = view.myself()
         server, mem, clients, stats = (info["Server"], info["Memory"], info["Clients"],
                                        info["Stats"])
-        i = InfoMetricFamily("disque_node", "This node: its ID and version.")
+        i = InfoMetricFamily("disque_node", "This node: its ID, version and build (compiled "
+                             "hot path: yes / no).")
         i.add_metric([], {"node_id": me["id"], "version": str(server["disque_py_version"]),
-                          "port": str(me["port"])})
+                          "port": str(me["port"]), "compiled": str(server["compiled"])})
         yield i
         for kind, name, help_, value in (
             ("g", "uptime_seconds", "Seconds since the node started.",

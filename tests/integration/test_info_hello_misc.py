@@ -20,7 +20,7 @@ FIELDS = {
     "Server": ["disque_version", "disque_py_version", "disque_git_sha1", "disque_git_dirty", "disque_build_id", "os",
                "arch_bits", "multiplexing_api", "gcc_version", "process_id", "run_id",
                "tcp_port", "uptime_in_seconds", "uptime_in_days", "hz", "executable",
-               "config_file"],
+               "config_file", "compiled", "compiled_modules"],
     "Clients": ["connected_clients", "client_longest_output_list", "client_biggest_input_buf",
                 "blocked_clients"],
     "Memory": ["used_memory", "used_memory_human", "used_memory_rss", "used_memory_peak",
