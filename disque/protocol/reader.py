@@ -229,13 +229,11 @@ def _ishex(c: int) -> bool:
     return c in b"0123456789abcdefABCDEF"
 
 
-def _bad_element(a: object) -> str:
-    """Redis's text for a request element hiredis parsed as something other than a bulk."""
-    if a is None:
-        return "invalid bulk length"
-    kind = ":" if isinstance(a, int) else "*" if isinstance(a, list) else \
-        "-" if isinstance(a, Exception) else "+"
-    return f"expected '$', got '{kind}'"
+def _all_bulks(req: list) -> bool:
+    for a in req:
+        if a.__class__ is not bytes:
+            return False
+    return True
 
 
 class RequestReader:
@@ -285,25 +283,23 @@ class RequestReader:
                 self._reset()
                 raise ProtocolError(bad[1])
         r.feed(data)
-        odd = False  # hiredis met something that is not a whole multibulk request
+        # odd: hiredis met something that is not a whole multibulk request of bulks. The
+        # error text then comes from the bytes themselves (the guard walks them), not from
+        # what hiredis made of them: it builds RESP3 aggregates (`%`, `~`, `>`) as lists, and
+        # raises TypeError, not its ProtocolError, on a map or set whose key is an array.
+        odd = False
         try:
             while True:
                 req = r.gets()
                 if req is False:
                     break
-                if req.__class__ is list and req:
-                    for a in req:
-                        if a.__class__ is not bytes:
-                            raise ProtocolError(_bad_element(a))
+                if req.__class__ is list and req and _all_bulks(req):
                     reqs.append(req)
-                else:  # `*0`, `*-1`, or a reply-like line such as `+x` / `:1`
+                else:  # `*0`, `*-1`, a reply-like line such as `+x` / `:1`, a bad element
                     odd = True
                     break
-        except hiredis.ProtocolError:
+        except (hiredis.ProtocolError, TypeError, ValueError):
             odd = True
-        except ProtocolError:
-            self._reset()
-            raise
         # Where do whole requests end? The guard knows for the request the previous read
         # left incomplete; the sizes of the requests parsed tell for the rest.
         try:

@@ -147,6 +147,8 @@ BIG = 70_000   # over the 64 KB inline / count-line limit
         (b"*3000000\r\n", b"invalid multibulk length"),
         (b"*1\r\nx\r\n", b"expected '$', got 'x'"),
         (b"*2\r\n$4\r\nPING\r\n:1\r\n", b"expected '$', got ':'"),
+        (b"*1\r\n%1\r\n*0\r\n:1\r\n", b"expected '$', got '%'"),  # hiredis: TypeError
+        (b"*1\r\n~1\r\n*1\r\n$1\r\na\r\n", b"expected '$', got '~'"),
         (b"*1\r\n$abc\r\n", b"invalid bulk length"),
         (b"*1\r\n$-3\r\n", b"invalid bulk length"),
         (b"*1\r\n$99999999999\r\n", b"invalid bulk length"),

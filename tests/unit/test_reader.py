@@ -280,6 +280,11 @@ MALFORMED = [
     (b"*1\r\n-e\r\n", "expected '$', got '-'"),
     (b"*1\r\nfoo\r\n", "expected '$', got 'f'"),
     (b"*2\r\n$1\r\na\r\n*1\r\n$1\r\nb\r\n", "expected '$', got '*'"),
+    # RESP3 aggregates whose key is an array: hiredis raises TypeError (it hashes the key),
+    # not its ProtocolError; found by the corrupted-byte property on the compiled build
+    (b"*1\r\n%1\r\n*0\r\n:1\r\n", "expected '$', got '%'"),
+    (b"*1\r\n~1\r\n*1\r\n$1\r\na\r\n", "expected '$', got '~'"),
+    (b"*2\r\n$1\r\na\r\n%1\r\n*0\r\n:1\r\n", "expected '$', got '%'"),
     (b'set "a\r\n', "unbalanced quotes in request"),
     (b"set 'a\r\n", "unbalanced quotes in request"),
     (b'set "a"b\r\n', "unbalanced quotes in request"),
