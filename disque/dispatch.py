@@ -122,11 +122,13 @@ class Dispatcher:
         except CommandError as exc:
             cmd.failed += 1
             c.out.append(exc.resp())
-        except Exception as exc:  # never let one command take the server down
+        except Exception as crash:  # never let one command take the server down
+            # (its own name: compiled, one name bound by two `except ... as` clauses has the
+            # first clause's type, and a RuntimeError bound to it is a TypeError)
             cmd.failed += 1
             log.exception("command.crash", command=cmd.name)
             c.out.append(b"-ERR internal error while running '" + cmd.name.encode()
-                         + b"': " + type(exc).__name__.encode() + b"\r\n")
+                         + b"': " + type(crash).__name__.encode() + b"\r\n")
         if (aof is not None and aof.appended != logged and c.waiter is None
                 and len(c.out) > mark and self.aofm.aof is aof):
             c.aof_marks.append((mark, len(c.out)))  # its reply waits for the write
