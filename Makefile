@@ -42,7 +42,7 @@ system-deps:
 # a failed compile warns and leaves pure Python unless DISQUE_REQUIRE_COMPILED=1.
 $(STAMP): pyproject.toml setup.py
 	@[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip 'setuptools>=68'
+	$(PY) -m pip install -q --upgrade pip 'setuptools>=77'
 	DISQUE_NO_COMPILE=1 $(PY) -m pip install -q -e '.[test]'
 	@touch $(STAMP)
 

@@ -126,7 +126,10 @@ def check_fresh() -> None:
     else:
         stale = stale_modules()
         if os.environ.get("DISQUE_REQUIRE_COMPILED") == "1":
-            missing = [m for m in HOT_MODULES if not os.path.exists(_paths(m)[1])]
+            # only where the sources are: the client zip Spark ships (disque.spark.package)
+            # has none of the hot modules, compiled or not
+            missing = [m for m in HOT_MODULES
+                       if os.path.exists(_paths(m)[0]) and not os.path.exists(_paths(m)[1])]
             if stale or missing:
                 raise ImportError("disque: DISQUE_REQUIRE_COMPILED=1 but the compiled build is "
                                   f"stale ({', '.join(stale) or '-'}) or missing "

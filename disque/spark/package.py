@@ -23,7 +23,8 @@ import zipfile
 from pathlib import Path
 
 PACKAGES = ("disque/client", "disque/spark")
-MODULES = ("disque/worker/__init__.py", "disque/worker/core.py", "disque/worker/driver.py",
+MODULES = ("disque/compiled.py",  # disque/__init__.py imports it (the build check)
+           "disque/worker/__init__.py", "disque/worker/core.py", "disque/worker/driver.py",
            "disque/worker/threads.py", "disque/worker/aio.py",
            # RESP values as text, shared by the client and the node's HTTP side
            "disque/protocol/__init__.py", "disque/protocol/values.py")
