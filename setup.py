@@ -9,7 +9,8 @@ code, as a different mypy finds different errors).
 - A failed compile (no C compiler, no Python headers, a mypyc error) warns and leaves the
   pure-Python package, unless DISQUE_REQUIRE_COMPILED=1 (CI: a run must prove the compiled
   build), which fails the install.
-- The build records a hash of each source it compiled (disque/_compiled.json); at import,
+- The build records a hash of each source it compiled (disque/_compiled.json, written once
+  the whole build succeeded); at import,
   a source that differs from its compiled form refuses the whole compiled build (see
   disque/compiled.py), so an editable install never runs a stale `.so` silently.
 """
@@ -58,6 +59,8 @@ class OptionalBuildExt(build_ext):
             if REQUIRE:
                 raise
             self._fail("compiling the hot path failed", e)
+        if not self.failed and os.path.exists(PENDING):
+            os.replace(PENDING, RECORD)  # the build is whole: its record takes effect
 
     def build_extension(self, ext: Any) -> None:
         if self.failed:
@@ -76,11 +79,16 @@ class OptionalBuildExt(build_ext):
         _remove_record()
 
 
+RECORD = os.path.join(HERE, "disque", "_compiled.json")
+PENDING = RECORD + ".pending"
+
+
 def _remove_record() -> None:
-    try:
-        os.remove(os.path.join(HERE, "disque", "_compiled.json"))
-    except FileNotFoundError:
-        pass
+    for path in (RECORD, PENDING):
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
 
 
 def _ext_modules() -> list[Any]:
@@ -92,8 +100,12 @@ def _ext_modules() -> list[Any]:
     try:
         from mypyc.build import mypycify
 
-        # the record first: it must name the sources as they are when compiled
-        compiled.write_record()
+        # The record names the sources as they are now, when compiled; it takes effect
+        # (PENDING -> RECORD) only once every module is built: a build stopped half-way
+        # leaves no record, so its modules are refused, not run beside a record that
+        # vouches for sources they were not compiled from.
+        _remove_record()
+        compiled.write_record(path=PENDING)
         return list(mypycify(paths, opt_level="3"))
     except Exception as e:  # mypy missing, or the hot set no longer compiles
         if REQUIRE:

@@ -83,10 +83,11 @@ def _digest(path: str) -> str:
         return sha256(f.read()).hexdigest()
 
 
-def write_record(modules: Sequence[str] = HOT_MODULES) -> None:
-    """Called by the build before it compiles: the hash of each source it compiles."""
+def write_record(modules: Sequence[str] = HOT_MODULES, path: str = RECORD) -> None:
+    """Called by the build before it compiles: the hash of each source it compiles (setup.py
+    writes it aside and moves it to RECORD when the build succeeded)."""
     record = {name: _digest(_paths(name)[0]) for name in modules}
-    with open(RECORD, "w") as f:
+    with open(path, "w") as f:
         json.dump(record, f, indent=1, sort_keys=True)
 
 
@@ -133,7 +134,7 @@ def check_fresh() -> None:
             if stale or missing:
                 raise ImportError("disque: DISQUE_REQUIRE_COMPILED=1 but the compiled build is "
                                   f"stale ({', '.join(stale) or '-'}) or missing "
-                                  f"({', '.join(missing) or '-'}): run `make install`")
+                                  f"({', '.join(missing) or '-'}): run `make compile`")
         if not stale:
             return
         refused = "compiled modules whose source changed since: " + ", ".join(stale)

@@ -230,7 +230,7 @@ def _ishex(c: int) -> bool:
 
 
 def _all_bulks(req: list) -> bool:
-    for a in req:
+    for a in req:  # noqa: SIM110 (once per request: no generator object)
         if a.__class__ is not bytes:
             return False
     return True
