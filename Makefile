@@ -176,6 +176,6 @@ example: install system-deps
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .hypothesis run bench-results \
-		.mypy_cache disque/_compiled.json* *__mypyc*.so
+		.mypy_cache disque/_compiled.json*
 	find disque -name '*.so' -delete
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

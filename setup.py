@@ -106,7 +106,9 @@ def _ext_modules() -> list[Any]:
         # vouches for sources they were not compiled from.
         _remove_record()
         compiled.write_record(path=PENDING)
-        return list(mypycify(paths, opt_level="3"))
+        # group_name: the shared library of the compiled modules goes in the package
+        # (disque/_hot__mypyc.*.so), where an editable install finds it from any directory
+        return list(mypycify(paths, opt_level="3", group_name="disque._hot"))
     except Exception as e:  # mypy missing, or the hot set no longer compiles
         if REQUIRE:
             raise

@@ -16,6 +16,9 @@ Scenarios (pick with `--only`):
   (default 300000, quick 150000: past the 100,000 IDs of acked jobs a node remembers), with
   each node's RSS growth per acked job in its note: a cost or a memory that grows with the
   jobs a node has seen, not with those it holds, shows here and in no short row.
+- sizes: `ADDJOB ... REPLICATE 3` from 20 connections spread over every node of fresh
+  clusters of 3, 10 and 20 nodes (the cost of a larger cluster), each node's CPU per job in
+  the note. The cluster rows print each node's CPU per job too (user + sys from /proc).
 - restart: a node of 3 killed and restarted, ms until both peers see it again (benchmarks/restart.py).
 - downnode: ADDJOB REPLICATE 2 (3 nodes) and REPLICATE 3 (5 nodes) against node 0 while the
   last node is killed -9 and restarted: rate and p99 before, during, after
@@ -64,8 +67,8 @@ from benchmarks.loadgen import Client, E2EConfig, E2EResult, run_e2e
 from disque.tools.ports import free_port  # noqa: F401 - also used by benchmarks.aof
 
 REPO = Path(__file__).resolve().parent.parent
-SCENARIOS = ("ping", "addjob", "getjob", "e2e", "cluster", "restart", "downnode", "memory",
-             "spark", "aof")
+SCENARIOS = ("ping", "addjob", "getjob", "e2e", "cluster", "sizes", "restart", "downnode",
+             "memory", "spark", "aof")
 BODY16 = "0123456789abcdef"
 
 
@@ -177,6 +180,8 @@ class Load:
     partial: bool = False  # hit the time limit; rps is the running average so far
     error: str | None = None
     note: str | None = None
+    # CPU (user + sys, /proc) per request of each server under the load, in microseconds
+    cpu_us: list[float] | None = None
 
     @property
     def ok(self) -> bool:
@@ -486,6 +491,7 @@ def parallel_redis_benchmark(servers: list[Server], command: list[str], n: int, 
     split over them. Throughput: all requests over the wall time until the last finished
     (running averages summed if one hit the time limit); p50/p99: the worst node's."""
     procs = []
+    cpu0 = [_cpu_seconds(s) for s in servers]
     t0 = time.monotonic()
     for s, c, k in zip(servers, _split(clients, len(servers)), _split(n, len(servers)),
                        strict=True):
@@ -510,6 +516,8 @@ def parallel_redis_benchmark(servers: list[Server], command: list[str], n: int, 
             load.error = "no throughput in redis-benchmark output"
         loads.append(load)
     total = Load(seconds=time.monotonic() - t0)
+    total.cpu_us = [(_cpu_seconds(s) - c0) * 1e6 / n for s, c0 in zip(servers, cpu0,
+                                                                         strict=True)]
     errors = [ld.error for ld in loads if ld.error]
     if errors:
         total.error = errors[0]
@@ -525,6 +533,19 @@ def parallel_redis_benchmark(servers: list[Server], command: list[str], n: int, 
     total.p50_ms = max(p50) if p50 else None
     total.p99_ms = max(p99) if p99 else None
     return total
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_seconds(server: Server) -> float:
+    """User + system CPU a running server has used so far (/proc/PID/stat), 0 if unknown."""
+    try:
+        with open(f"/proc/{server.proc.pid}/stat") as f:  # type: ignore[union-attr]
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime
+    except (OSError, AttributeError, IndexError, ValueError):
+        return 0.0
 
 
 def _qlen_sum(servers: list[Server], queue: str) -> int:
@@ -568,6 +589,50 @@ def scenario_cluster(workdir: Path, cpus: set[int] | None, o: Options, raw: dict
     run_cluster_loads(rows, "disque", workdir, cpus, o, raw)
     if original_cmd:
         run_cluster_loads(rows[:-1], "original", workdir, cpus, o, raw, original_cmd)
+    return rows
+
+
+CLUSTER_SIZES = (3, 10, 20)
+SIZE_CLIENTS = 20
+
+
+def scenario_sizes(workdir: Path, cpus: set[int] | None, o: Options,
+                   original_cmd: list[str] | None = None,
+                   sizes: tuple[int, ...] = CLUSTER_SIZES) -> list[Row]:
+    """How the cost grows with the cluster: `ADDJOB ... REPLICATE 3` from 20 connections
+    spread over every node of a fresh cluster of 3, 10 and 20 nodes on this machine (the
+    replicas spread over more links, so each bus frame carries fewer jobs), then the same on
+    the original's. One cluster at a time."""
+    rows = [Row(f"size_{n}", f"{n} nodes ADDJOB R3 c{SIZE_CLIENTS}") for n in sizes]
+    flavors: list[tuple[str, list[str] | None]] = [("disque", None)]
+    if original_cmd:
+        flavors.append(("original", original_cmd))
+    for row, size in zip(rows, sizes, strict=True):
+        for flavor, cmd in flavors:
+            try:
+                servers = start_cluster(workdir, cpus, size=size, timeout=60.0, cmd=cmd,
+                                        flavor=flavor)
+            except (OSError, RuntimeError) as exc:
+                _set_load(row, flavor, Load(error=f"cluster did not start: {exc}"))
+                continue
+            try:
+                q = row.key
+                load = parallel_redis_benchmark(servers, ["ADDJOB", q, "body", "5000",
+                                                          "REPLICATE", "3"],
+                                                o.cluster_n, 1, SIZE_CLIENTS, o.time_limit)
+                moved = _qlen_sum(servers, q)
+                if load.ok and not load.partial and moved < o.cluster_n * 0.99:
+                    load.note = f"only {moved} of {o.cluster_n} requests queued a job"
+                if load.cpu_us:  # per node, over many nodes: the mean and the busiest
+                    per = load.cpu_us
+                    load.note = ((load.note + "; ") if load.note else "") + (
+                        f"CPU per job per node: mean {sum(per) / len(per):.1f} us, "
+                        f"max {max(per):.1f} us, all nodes {sum(per):.1f} us")
+                    load.cpu_us = None
+                _set_load(row, flavor, load)
+            finally:
+                for s in servers:
+                    s.stop()
     return rows
 
 
@@ -763,6 +828,9 @@ def print_table(rows: list[Row], memory: dict[str, Any], targets: list[dict[str,
             load = getattr(row, flavor)
             if load is not None and (load.error or load.note):
                 _say(f"    {flavor}: {load.error or load.note}")
+            if load is not None and load.ok and load.cpu_us:
+                _say(f"    {flavor}: CPU per job per node "
+                     + "/".join(f"{us:.1f}" for us in load.cpu_us) + " us")
     for flavor in flavors:
         m = memory.get(flavor)
         if not m:
@@ -995,6 +1063,8 @@ def main(argv: list[str] | None = None) -> int:
                             server.stop()
             if "cluster" in a.only:
                 rows += scenario_cluster(work, server_cpus, o, e2e_raw, original_cmd)
+            if "sizes" in a.only:
+                rows += scenario_sizes(work, server_cpus, o, original_cmd)
             if "memory" in a.only:
                 memory = scenario_memory(work, server_cpus, o, want_disque=disque_error is None,
                                          original_cmd=original_cmd)
