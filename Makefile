@@ -99,30 +99,41 @@ PYTEST_RUN = $(PY) -m pytest -q -n $(TEST_WORKERS) --durations=30
 # Both builds are tested (issue 21). The whole suite runs on the compiled build (CI sets
 # DISQUE_REQUIRE_COMPILED=1: a compile that fails, or a stale build, fails the run instead of
 # testing pure Python). The pure-Python build, the fallback, runs the unit and simulation tests
-# and a smoke set of real servers and clusters (PURE_SMOKE), with DISQUE_NO_COMPILE=1 (its
-# servers too), on one core while the other compiles and type-checks. DISQUE_NO_COMPILE=1
-# `make test` runs the whole suite on pure Python.
+# and a smoke set of real servers and clusters (PURE_SMOKE) with DISQUE_NO_COMPILE=1 (its
+# servers too): `make test-pure`, which `make test` runs alongside the rest, on its own share
+# of ports (the suite's servers mostly wait: the second run uses the idle CPU), its output
+# printed at the end (and kept in test-pure.log). DISQUE_NO_COMPILE=1 `make test` runs the
+# whole suite on pure Python, and nothing beside it.
 PURE_SMOKE ?= tests/integration/test_protocol.py tests/integration/test_addjob.py \
 	tests/integration/test_getjob.py tests/integration/test_ack.py \
 	tests/integration/test_internal_error.py tests/cluster/test_jobs.py
-PURE_RUN = DISQUE_NO_COMPILE=1 $(PY) -m pytest -q -n 0 -p no:cacheprovider
+PURE_LOG := test-pure.log
 
 ifeq ($(DISQUE_NO_COMPILE),1)
-TEST_FIRST := typecheck
+define BOTH_BUILDS
+	$(MAKE) --no-print-directory typecheck
+	$(1)
+endef
 else
-TEST_FIRST := test-pure compiled-typecheck
+define BOTH_BUILDS
+	@( DISQUE_PORT_SLICE=3/4 $(MAKE) --no-print-directory test-pure > $(PURE_LOG) 2>&1 ) & pure=$$!; \
+	$(MAKE) --no-print-directory compiled-typecheck && DISQUE_PORT_SLICES=4 $(1); rc=$$?; \
+	wait $$pure; prc=$$?; \
+	echo "== the pure-Python build (make test-pure, run alongside; all of it in $(PURE_LOG)):"; \
+	tail -n 12 $(PURE_LOG); \
+	[ $$rc = 0 ] && [ $$prc = 0 ]
+endef
 endif
 
 test: $(STAMP) system-deps
-	$(MAKE) --no-print-directory -j2 --output-sync=target $(TEST_FIRST)
-	$(PYTEST_RUN) $(PYTEST_ARGS)
+	$(call BOTH_BUILDS,$(PYTEST_RUN) $(PYTEST_ARGS))
 
 test-fast: $(STAMP) system-deps
-	$(MAKE) --no-print-directory -j2 --output-sync=target $(TEST_FIRST)
-	$(PYTEST_RUN) -m "not slow" $(PYTEST_ARGS)
+	$(call BOTH_BUILDS,$(PYTEST_RUN) -m "not slow" $(PYTEST_ARGS))
 
 test-pure: $(STAMP) system-deps
-	$(PURE_RUN) tests/unit tests/sim $(PURE_SMOKE)
+	DISQUE_NO_COMPILE=1 $(PY) -m pytest -q -n 0 -p no:cacheprovider tests/unit tests/sim \
+		$(PURE_SMOKE)
 
 # the compile, then mypy (one after the other: both run mypy over the same cache)
 compiled-typecheck: compiled-build
@@ -176,6 +187,6 @@ example: install system-deps
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .hypothesis run bench-results \
-		.mypy_cache disque/_compiled.json*
+		.mypy_cache disque/_compiled.json* test-pure.log
 	find disque -name '*.so' -delete
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

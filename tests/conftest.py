@@ -56,7 +56,10 @@ def pytest_configure(config: pytest.Config) -> None:
     it starts draws ports from its own share (disque/tools/ports.py), so two workers never
     hand out the same port between a check and a server's bind."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    count = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    # DISQUE_PORT_SLICES=n: n shares however many workers, so that another run beside this
+    # one can take a share of its own (make test runs the pure-Python build's tests in share
+    # 3 of 4 alongside the three workers of the compiled build's)
+    count = os.environ.get("DISQUE_PORT_SLICES") or os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
     if worker.startswith("gw") and count.isdigit():
         os.environ["DISQUE_PORT_SLICE"] = f"{int(worker[2:])}/{count}"
 
