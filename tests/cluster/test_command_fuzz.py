@@ -26,7 +26,9 @@ NUMBERS = ["0", "1", "2", "-1", "5", "100", "1000", "abc", "", "1.5", "-0", "360
 QUEUES = ["q1", "q2", "q3", "", "q\x00z"]
 BAD_IDS = ["D-00000000-AAAAAAAAAAAAAAAAAAAAAAAA-05a1", "D-bad", "x" * 40]
 # Long mode: DISQUE_FUZZ_COMMANDS=500000 (per seed); the count sent is printed.
+# DISQUE_FUZZ_SEEDS=1,2,3: other seeds, each on a cluster of its own.
 COMMANDS = int(os.environ.get("DISQUE_FUZZ_COMMANDS", "2500"))
+SEEDS = [int(s) for s in os.environ.get("DISQUE_FUZZ_SEEDS", "1,2").split(",")]
 
 
 def random_command(r: random.Random, ids: list[str]) -> list[str]:
@@ -97,7 +99,7 @@ def collect_ids(args: list[str], reply: Any, ids: list[str]) -> None:
     del ids[len(BAD_IDS):-200]
 
 
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("seed", SEEDS)
 def test_random_commands_never_crash_hang_or_lose_the_aof(cluster: Any, seed: int) -> None:
     c: Cluster = cluster(3, args=["--appendonly", "yes", "--appendfsync", "always"])
     clients = [redis.Redis(port=p.port, protocol=2, socket_timeout=15) for p in c]
