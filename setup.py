@@ -105,6 +105,8 @@ def _ext_modules() -> list[Any]:
         # leaves no record, so its modules are refused, not run beside a record that
         # vouches for sources they were not compiled from.
         _remove_record()
+        for module in compiled.orphan_modules():  # taken out of the hot set since
+            os.remove(os.path.join(HERE, *module.split(".")) + compiled._EXT)
         compiled.write_record(path=PENDING)
         # group_name: the shared library of the compiled modules goes in the package
         # (disque/_hot__mypyc.*.so), where an editable install finds it from any directory

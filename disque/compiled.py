@@ -2,7 +2,7 @@
 
 `HOT_MODULES` is the set the build compiles (setup.py reads it from here): the job and
 queue classes, the registry, the timer wheel, the node state, the node and its cluster
-subsystems, the bus codec, and the request path (RESP, connection, dispatch). The gain needs the callers compiled with the callees (a
+subsystems, the bus (codec and links), and the request path (RESP, connection, dispatch). The gain needs the callers compiled with the callees (a
 compiled call into a compiled function skips the interpreter; an interpreted caller does
 not), so the set grows by whole call chains, not by single modules.
 
@@ -53,6 +53,8 @@ HOT_MODULES: Final = (
     "disque.cluster.deadletters",
     "disque.cluster.rereplication",
     "disque.cluster.repair",
+    # the bus: links, framing and flushing (per message on the cluster rows)
+    "disque.cluster.bus",
     # the request path: RESP reader and replies, the client connection, the dispatcher.
     # Not yet the job commands (commands/addjob.py, commands/jobs.py): they compile and
     # pass the tests, but compiled they made GETJOB NOHANG slower (4.2-4.5 against 3.0-3.3
@@ -105,12 +107,32 @@ def stale_modules(modules: Sequence[str] = HOT_MODULES) -> list[str]:
     return [name for name in compiled if record.get(name) != _digest(_paths(name)[0])]
 
 
+def orphan_modules() -> list[str]:
+    """Modules with a compiled form in place that the hot set no longer names (a module
+    taken out of HOT_MODULES leaves its `.so`, which Python would import before the `.py`)."""
+    root = os.path.dirname(_PACKAGE_DIR)
+    shared = "disque._hot__mypyc"
+    out = []
+    for dirpath, _dirs, files in os.walk(_PACKAGE_DIR):
+        for name in files:
+            if name.endswith(_EXT):
+                rel = os.path.relpath(os.path.join(dirpath, name[:-len(_EXT)]), root)
+                module = rel.replace(os.sep, ".")
+                if module not in HOT_MODULES and module != shared:
+                    out.append(module)
+    return sorted(out)
+
+
 class _SourceFirst(importlib.abc.MetaPathFinder):
-    """Loads the hot modules from their `.py` even where a `.so` sits beside it."""
+    """Loads `modules` (the hot ones, by default) from their `.py` even where a `.so` sits
+    beside it."""
+
+    def __init__(self, modules: Sequence[str] = HOT_MODULES) -> None:
+        self.modules = frozenset(modules)
 
     def find_spec(self, fullname: str, path: Sequence[str] | None,
                   target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in HOT_MODULES:
+        if fullname not in self.modules:
             return None
         src, _ = _paths(fullname)
         loader = importlib.machinery.SourceFileLoader(fullname, src)
@@ -122,6 +144,11 @@ def check_fresh() -> None:
     if DISQUE_NO_COMPILE=1 asks for pure Python: then every hot module loads from source.
     DISQUE_REQUIRE_COMPILED=1 (CI) makes a stale or missing compiled build an ImportError."""
     global refused
+    orphans = orphan_modules()
+    if orphans:  # never run; `make compile` (setup.py) deletes them
+        warnings.warn("disque: compiled modules outside the hot set, ignored: "
+                      + ", ".join(orphans), RuntimeWarning, stacklevel=2)
+        sys.meta_path.insert(0, _SourceFirst(orphans))
     if os.environ.get("DISQUE_NO_COMPILE") == "1":
         refused = "DISQUE_NO_COMPILE=1"
     else:
@@ -140,7 +167,8 @@ def check_fresh() -> None:
         refused = "compiled modules whose source changed since: " + ", ".join(stale)
         warnings.warn(f"disque: {refused}; running pure Python (rebuild with `make install`)",
                       RuntimeWarning, stacklevel=2)
-    if not any(isinstance(f, _SourceFirst) for f in sys.meta_path):
+    if not any(isinstance(f, _SourceFirst) and f.modules == frozenset(HOT_MODULES)
+               for f in sys.meta_path):
         sys.meta_path.insert(0, _SourceFirst())
 
 

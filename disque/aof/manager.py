@@ -123,13 +123,15 @@ class AofManager:
                  deleted=loader.jobs_deleted, records=loader.records,
                  seconds=round(time.monotonic() - t0, 3), queued=enqueue_queued)
 
-    def open(self, wait_rewrite: bool = False) -> None:
+    def open(self, wait_rewrite: bool = False) -> AppendOnlyFile:
         assert self.server.loop is not None
-        self.aof = AppendOnlyFile(self.path, self.cfg.appendfsync, self.server.loop.call_soon,
-                                  self.release, wait_rewrite=wait_rewrite,
-                                  latency=self.server.latency, on_failed=self.node.cancel_adds)
-        self.aof.no_fsync_on_rewrite = self.cfg.no_appendfsync_on_rewrite
-        self.node.persist = self.aof
+        aof = self.aof = AppendOnlyFile(self.path, self.cfg.appendfsync,
+                                        self.server.loop.call_soon, self.release,
+                                        wait_rewrite=wait_rewrite, latency=self.server.latency,
+                                        on_failed=self.node.cancel_adds)
+        aof.no_fsync_on_rewrite = self.cfg.no_appendfsync_on_rewrite
+        self.node.persist = aof
+        return aof
 
     # ------------------------------------------------------------------ replies
     def hold(self, client: Client) -> bool:
@@ -216,10 +218,9 @@ class AofManager:
     # ------------------------------------------------------------------ run time
     def _on_appendonly(self, cfg: Config, name: str) -> None:
         if cfg.appendonly and self.aof is None:
-            self.open(wait_rewrite=True)
+            aof = self.open(wait_rewrite=True)
             if not self.start_rewrite():
-                assert self.aof is not None  # (open() made it)
-                self.aof.close()
+                aof.close()
                 self.aof = None
                 self.node.persist = None
                 raise ConfigSetError("ERR Unable to turn on AOF. Check server logs.")

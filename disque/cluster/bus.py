@@ -110,7 +110,7 @@ class BusLink(asyncio.Protocol):
             msgs = exc.messages
             error = exc
         for msg in msgs:
-            if self.closed:
+            if self.is_closed():  # by a message before this one
                 return
             if self.state == "auth":
                 if not self.authenticate(msg):
@@ -121,6 +121,12 @@ class BusLink(asyncio.Protocol):
             bus.log_link_error("bus.bad_frame", self, str(error))
             self.close()
         bus.apply()
+
+    def is_closed(self) -> bool:
+        """`self.closed`, read where mypy would take it for the False an earlier check
+        narrowed it to (a call in between can close the link): a compiled build turns a
+        block mypy calls unreachable into a RuntimeError."""
+        return self.closed
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

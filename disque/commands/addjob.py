@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from disque.cluster.replication import ReplWaiter
-from disque.commands import Blocker, Caller, command, parse_int, timeout_arg
+from disque.commands import Caller, command, parse_int, timeout_arg
 from disque.jobs.deadletter import DeadLetter
 from disque.jobs.job import MAX_JOB_SECONDS, WAIT_REPL
 from disque.protocol.errors import CommandError, aof_write_failed, err, syntax
@@ -300,12 +300,10 @@ class BlockedAddJob(ReplWaiter):
             if group is None:
                 group = AddJobGroup(c, b"")
                 group.add_waiter(self)
-            c.waiter = None
+            _unpark(c)
             mark = len(c.out)
             dispatch.execute(c, argv)
-            # (annotated: mypy took it for None, as set above, and so never checked the
-            # branch below; mypyc's stricter inference refuses that)
-            waiter: Blocker | None = c.waiter
+            waiter = c.waiter
             if waiter is not None:
                 assert isinstance(waiter, BlockedAddJob)  # (an ADDJOB parks nothing else)
                 group.add_waiter(waiter)
@@ -320,6 +318,14 @@ class BlockedAddJob(ReplWaiter):
             c.waiter = None
             group.seal(c, c.node.persist)
         return reqs[k:]
+
+
+def _unpark(c: Caller) -> None:
+    """`c.waiter = None`, out of line: written inline before `dispatch.execute(c, ...)`,
+    mypy narrows `c.waiter` to None past the call (which may park a waiter there), takes the
+    branch that reads the waiter back for dead code, and a compiled build checks the value
+    against None (found compiling this module: TypeError on pipelined sync ADDJOBs)."""
+    c.waiter = None
 
 
 def _has_maxlen(argv: list[bytes]) -> bool:

@@ -132,3 +132,15 @@ def test_info_server_says_which_build(server: DisqueProcess) -> None:
     want = compiled.compiled_modules()  # the server runs the build this suite runs
     assert fields["compiled"] == ("yes" if want else "no")
     assert fields["compiled_modules"] == f"{len(want)}/{len(HOT)}"
+
+
+def test_a_module_taken_out_of_the_hot_set_is_not_run_compiled(built_copy: Path) -> None:
+    # its .so stays beside its .py after the build that no longer compiles it
+    src = built_copy / "disque" / "commands" / "addjob.py"
+    so = src.with_name("addjob" + compiled._EXT)
+    shutil.copy2(next((built_copy / "disque").glob("node.*.so")), so)  # any extension file
+    code = "import warnings; warnings.simplefilter('always'); import disque.commands.addjob as m; print(m.__file__)"
+    out = run_in(built_copy, code)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith("addjob.py")
+    assert "compiled modules outside the hot set, ignored: disque.commands.addjob" in out.stderr

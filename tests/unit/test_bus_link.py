@@ -9,7 +9,7 @@ import socket
 
 from disque.cluster.bus import Bus, BusLink
 from disque.cluster.membership import Membership
-from disque.cluster.messages import Fail, FrameDecoder, JobRecord, ReplJob
+from disque.cluster.messages import Fail, FrameDecoder, GotJob, JobRecord, ReplJob
 
 ME = b"a" * 40
 PEER = b"b" * 40
@@ -59,3 +59,31 @@ def test_bus_links_leave_from_a_bind_address_that_can_reach_the_peer() -> None:
     assert source_for("fe80::1", binds) == ""  # no IPv6 non-loopback bind: kernel's choice
     assert source_for("10.9.9.9", ["127.0.0.1"]) == ""
     assert source_for("node-2.example", binds) == ""
+
+
+async def test_a_link_closed_by_a_message_delivers_nothing_more_from_the_same_read() -> None:
+    # Compiled, BusLink.data_received's check for a link closed during the loop was a block
+    # mypy took for unreachable (`closed` narrowed to False by the check on entry), which
+    # mypyc turns into `raise RuntimeError`: the check must really run.
+    loop = asyncio.get_running_loop()
+    membership = Membership(ME, 7711, clock=lambda: 0, rng=random.Random(1))
+    delivered: list = []
+
+    def deliver(link: BusLink, msg: object) -> None:
+        delivered.append(msg)
+        link.close()  # as a slow peer's output limit does, from inside the delivery
+
+    bus = Bus(membership, save_config=lambda _reason: None, deliver_job_message=deliver)
+    ours, theirs = socket.socketpair()
+    try:
+        _, link = await loop.create_connection(lambda: BusLink(bus, inbound=False), sock=ours)
+        header = membership.header
+        frames = b"".join(m.encode() for m in (GotJob(header, b"D-aaaaaaaa-" + b"x" * 24
+                                                      + b"-05a1", 0),
+                                               GotJob(header, b"D-bbbbbbbb-" + b"x" * 24
+                                                      + b"-05a1", 0)))
+        link.data_received(frames)  # raised RuntimeError on the compiled build
+        assert len(delivered) == 1 and link.closed
+    finally:
+        link.close()
+        theirs.close()
