@@ -100,11 +100,11 @@ PYTEST_RUN = $(PY) -m pytest -q -n $(TEST_WORKERS) --durations=30
 # DISQUE_REQUIRE_COMPILED=1: a compile that fails, or a stale build, fails the run instead of
 # testing pure Python). The pure-Python build, the fallback, runs the unit and simulation tests
 # and a smoke set of real servers and clusters (PURE_SMOKE) with DISQUE_NO_COMPILE=1 (its
-# servers too): `make test-pure`, which `make test` runs alongside the rest, on its own share
-# of ports and at the lowest CPU priority (nice 19: the suite's servers mostly wait, and the
-# second run takes only the CPU they leave; at normal priority it slowed the Spark tests,
-# which start first, enough for a streaming batch to outlast its jobs' RETRY), its output
-# printed at the end (and kept in test-pure.log). DISQUE_NO_COMPILE=1 `make test` runs the
+# servers too): `make test-pure`, which `make test` starts first, beside the compile and
+# mypy (one core each on a fresh clone), and which goes on beside the suite if not done, on
+# its own share of ports (the suite's servers mostly wait); its output is printed at the end
+# (and kept in test-pure.log). (At nice 19 it starved: one of its servers was not up within
+# 30 s while the suite's Spark and chaos tests ran.) DISQUE_NO_COMPILE=1 `make test` runs the
 # whole suite on pure Python, and nothing beside it.
 PURE_SMOKE ?= tests/integration/test_protocol.py tests/integration/test_addjob.py \
 	tests/integration/test_getjob.py tests/integration/test_ack.py \
@@ -118,7 +118,7 @@ define BOTH_BUILDS
 endef
 else
 define BOTH_BUILDS
-	@( DISQUE_PORT_SLICE=3/4 nice -n 19 $(MAKE) --no-print-directory test-pure > $(PURE_LOG) 2>&1 ) & pure=$$!; \
+	@( DISQUE_PORT_SLICE=3/4 $(MAKE) --no-print-directory test-pure > $(PURE_LOG) 2>&1 ) & pure=$$!; \
 	$(MAKE) --no-print-directory compiled-typecheck && DISQUE_PORT_SLICES=4 $(1); rc=$$?; \
 	wait $$pure; prc=$$?; \
 	echo "== the pure-Python build (make test-pure, run alongside; all of it in $(PURE_LOG)):"; \

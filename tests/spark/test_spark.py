@@ -199,9 +199,11 @@ def test_streaming_reader_delivers_every_job_and_acks_only_committed_batches(
         spark, disque_cluster, clients, tmp_path):
     register(spark)
     queue = "stream"
-    # RETRY: long enough for the committed batches to be ACKed before it fires, short enough
-    # to wait for the failed batch's jobs to come back by it
-    jobs = _add_everywhere(clients, queue, 3000, retry=15)
+    # RETRY: long enough for the committed batches to be ACKed before it fires (and for a
+    # batch of the second run to be processed and committed before its jobs' RETRY: a job
+    # is delivered once only if so; with 15 s, a CI run on a busy machine saw one twice),
+    # short enough to wait for the failed batch's jobs to come back by it
+    jobs = _add_everywhere(clients, queue, 3000, retry=30)
     checkpoint = str(tmp_path / "checkpoint")
     seen: dict[int, list[tuple[str, bytes]]] = {}
     lock = threading.Lock()
