@@ -79,7 +79,8 @@ class OptionalBuildExt(build_ext):
         _remove_record()
 
 
-RECORD = os.path.join(HERE, "disque", "_compiled.json")
+COMPILED = _compiled_module()
+RECORD = COMPILED.RECORD
 PENDING = RECORD + ".pending"
 
 
@@ -95,7 +96,7 @@ def _ext_modules() -> list[Any]:
     if NO_COMPILE:
         _remove_record()
         return []
-    compiled = _compiled_module()
+    compiled = COMPILED
     paths = [os.path.join(*m.split(".")) + ".py" for m in compiled.HOT_MODULES]
     try:
         from mypyc.build import mypycify
@@ -106,11 +107,9 @@ def _ext_modules() -> list[Any]:
         # vouches for sources they were not compiled from.
         _remove_record()
         for module in compiled.orphan_modules():  # taken out of the hot set since
-            os.remove(os.path.join(HERE, *module.split(".")) + compiled._EXT)
+            os.remove(compiled.module_paths(module)[1])
         compiled.write_record(path=PENDING)
-        # group_name: the shared library of the compiled modules goes in the package
-        # (disque/_hot__mypyc.*.so), where an editable install finds it from any directory
-        return list(mypycify(paths, opt_level="3", group_name="disque._hot"))
+        return list(mypycify(paths, opt_level="3", group_name=compiled.GROUP))
     except Exception as e:  # mypy missing, or the hot set no longer compiles
         if REQUIRE:
             raise

@@ -56,15 +56,19 @@ HOT_MODULES: Final = (
     # the bus: links, framing and flushing (per message on the cluster rows)
     "disque.cluster.bus",
     # the request path: RESP reader and replies, the client connection, the dispatcher.
-    # Not yet the job commands (commands/addjob.py, commands/jobs.py): they compile and
-    # pass the tests, but compiled they made GETJOB NOHANG slower (4.2-4.5 against 3.0-3.3
-    # us/command in benchmarks.dispatch), for a reason not found yet (issue 21)
+    # Not the job commands (commands/addjob.py, commands/jobs.py): they compile, but
+    # compiled, ADDJOB measured no faster over real sockets (three alternated runs, within
+    # the noise), and GETJOB has not been measured again since the spike saw it slower
     "disque.protocol.errors",
     "disque.protocol.reader",
     "disque.protocol.reply",
     "disque.connection",
     "disque.dispatch",
 )
+
+# mypyc's group: the shared library of the compiled code, disque/_hot__mypyc*.so (in the
+# package, where an editable install finds it from any directory)
+GROUP: Final = "disque._hot"
 
 _PACKAGE_DIR: Final = os.path.dirname(os.path.abspath(__file__))
 _EXT: Final = importlib.machinery.EXTENSION_SUFFIXES[0]  # .cpython-311-x86_64-linux-gnu.so
@@ -74,7 +78,7 @@ RECORD: Final = os.path.join(_PACKAGE_DIR, "_compiled.json")
 refused = ""
 
 
-def _paths(module: str) -> tuple[str, str]:
+def module_paths(module: str) -> tuple[str, str]:
     """The module's source and the path its compiled form would have (in place)."""
     base = os.path.join(os.path.dirname(_PACKAGE_DIR), *module.split("."))
     return base + ".py", base + _EXT
@@ -88,7 +92,7 @@ def _digest(path: str) -> str:
 def write_record(modules: Sequence[str] = HOT_MODULES, path: str = RECORD) -> None:
     """Called by the build before it compiles: the hash of each source it compiles (setup.py
     writes it aside and moves it to RECORD when the build succeeded)."""
-    record = {name: _digest(_paths(name)[0]) for name in modules}
+    record = {name: _digest(module_paths(name)[0]) for name in modules}
     with open(path, "w") as f:
         json.dump(record, f, indent=1, sort_keys=True)
 
@@ -96,7 +100,7 @@ def write_record(modules: Sequence[str] = HOT_MODULES, path: str = RECORD) -> No
 def stale_modules(modules: Sequence[str] = HOT_MODULES) -> list[str]:
     """The modules compiled in place whose source is not the one compiled (all of them
     when the build left no record)."""
-    compiled = [name for name in modules if os.path.exists(_paths(name)[1])]
+    compiled = [name for name in modules if os.path.exists(module_paths(name)[1])]
     if not compiled:
         return []
     try:
@@ -104,14 +108,14 @@ def stale_modules(modules: Sequence[str] = HOT_MODULES) -> list[str]:
             record = json.load(f)
     except (OSError, ValueError):
         return compiled
-    return [name for name in compiled if record.get(name) != _digest(_paths(name)[0])]
+    return [name for name in compiled if record.get(name) != _digest(module_paths(name)[0])]
 
 
 def orphan_modules() -> list[str]:
     """Modules with a compiled form in place that the hot set no longer names (a module
     taken out of HOT_MODULES leaves its `.so`, which Python would import before the `.py`)."""
     root = os.path.dirname(_PACKAGE_DIR)
-    shared = "disque._hot__mypyc"
+    shared = GROUP + "__mypyc"
     out = []
     for dirpath, _dirs, files in os.walk(_PACKAGE_DIR):
         for name in files:
@@ -124,17 +128,16 @@ def orphan_modules() -> list[str]:
 
 
 class _SourceFirst(importlib.abc.MetaPathFinder):
-    """Loads `modules` (the hot ones, by default) from their `.py` even where a `.so` sits
-    beside it."""
+    """Loads `modules` from their `.py` even where a `.so` sits beside it."""
 
-    def __init__(self, modules: Sequence[str] = HOT_MODULES) -> None:
+    def __init__(self, modules: Sequence[str]) -> None:
         self.modules = frozenset(modules)
 
     def find_spec(self, fullname: str, path: Sequence[str] | None,
                   target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
         if fullname not in self.modules:
             return None
-        src, _ = _paths(fullname)
+        src, _ = module_paths(fullname)
         loader = importlib.machinery.SourceFileLoader(fullname, src)
         return importlib.util.spec_from_file_location(fullname, src, loader=loader)
 
@@ -144,11 +147,10 @@ def check_fresh() -> None:
     if DISQUE_NO_COMPILE=1 asks for pure Python: then every hot module loads from source.
     DISQUE_REQUIRE_COMPILED=1 (CI) makes a stale or missing compiled build an ImportError."""
     global refused
-    orphans = orphan_modules()
-    if orphans:  # never run; `make compile` (setup.py) deletes them
+    from_source = orphan_modules()
+    if from_source:  # never run; `make compile` (setup.py) deletes them
         warnings.warn("disque: compiled modules outside the hot set, ignored: "
-                      + ", ".join(orphans), RuntimeWarning, stacklevel=2)
-        sys.meta_path.insert(0, _SourceFirst(orphans))
+                      + ", ".join(from_source), RuntimeWarning, stacklevel=2)
     if os.environ.get("DISQUE_NO_COMPILE") == "1":
         refused = "DISQUE_NO_COMPILE=1"
     else:
@@ -156,20 +158,23 @@ def check_fresh() -> None:
         if os.environ.get("DISQUE_REQUIRE_COMPILED") == "1":
             # only where the sources are: the client zip Spark ships (disque.spark.package)
             # has none of the hot modules, compiled or not
-            missing = [m for m in HOT_MODULES
-                       if os.path.exists(_paths(m)[0]) and not os.path.exists(_paths(m)[1])]
+            missing = []
+            for m in HOT_MODULES:
+                src, so = module_paths(m)
+                if os.path.exists(src) and not os.path.exists(so):
+                    missing.append(m)
             if stale or missing:
                 raise ImportError("disque: DISQUE_REQUIRE_COMPILED=1 but the compiled build is "
                                   f"stale ({', '.join(stale) or '-'}) or missing "
                                   f"({', '.join(missing) or '-'}): run `make compile`")
-        if not stale:
-            return
-        refused = "compiled modules whose source changed since: " + ", ".join(stale)
-        warnings.warn(f"disque: {refused}; running pure Python (rebuild with `make install`)",
-                      RuntimeWarning, stacklevel=2)
-    if not any(isinstance(f, _SourceFirst) and f.modules == frozenset(HOT_MODULES)
-               for f in sys.meta_path):
-        sys.meta_path.insert(0, _SourceFirst())
+        if stale:
+            refused = "compiled modules whose source changed since: " + ", ".join(stale)
+            warnings.warn(f"disque: {refused}; running pure Python (rebuild with `make "
+                          "install`)", RuntimeWarning, stacklevel=2)
+    if refused:
+        from_source += HOT_MODULES
+    if from_source and not any(isinstance(f, _SourceFirst) for f in sys.meta_path):
+        sys.meta_path.insert(0, _SourceFirst(from_source))
 
 
 def is_compiled(module: str) -> bool:

@@ -100,7 +100,7 @@ class BusLink(asyncio.Protocol):
             self.state = "auth"
 
     def data_received(self, data: bytes) -> None:
-        if self.closed:
+        if self.is_closed():
             return
         bus = self.bus
         try:
@@ -110,7 +110,7 @@ class BusLink(asyncio.Protocol):
             msgs = exc.messages
             error = exc
         for msg in msgs:
-            if self.is_closed():  # by a message before this one
+            if self.closed:  # by a message before this one
                 return
             if self.state == "auth":
                 if not self.authenticate(msg):
@@ -123,9 +123,10 @@ class BusLink(asyncio.Protocol):
         bus.apply()
 
     def is_closed(self) -> bool:
-        """`self.closed`, read where mypy would take it for the False an earlier check
-        narrowed it to (a call in between can close the link): a compiled build turns a
-        block mypy calls unreachable into a RuntimeError."""
+        """`self.closed`, through a call: `if self.closed: return` on entry to
+        data_received would narrow it to False for mypy, the check in the delivery loop
+        (a message can close the link) would read as unreachable, and a compiled build
+        turns an unreachable block into a RuntimeError."""
         return self.closed
 
     def connection_lost(self, exc: Exception | None) -> None:

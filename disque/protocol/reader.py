@@ -229,13 +229,6 @@ def _ishex(c: int) -> bool:
     return c in b"0123456789abcdefABCDEF"
 
 
-def _all_bulks(req: list) -> bool:
-    for a in req:  # noqa: SIM110 (once per request: no generator object)
-        if a.__class__ is not bytes:
-            return False
-    return True
-
-
 class RequestReader:
     """Turns the bytes of one connection into complete requests (lists of bytes)."""
 
@@ -293,12 +286,17 @@ class RequestReader:
                 req = r.gets()
                 if req is False:
                     break
-                if req.__class__ is list and req and _all_bulks(req):
-                    reqs.append(req)
-                else:  # `*0`, `*-1`, a reply-like line such as `+x` / `:1`, a bad element
-                    odd = True
-                    break
-        except (hiredis.ProtocolError, TypeError, ValueError):
+                if req.__class__ is list and req:
+                    for a in req:
+                        if a.__class__ is not bytes:
+                            break  # an element that is not a bulk
+                    else:
+                        reqs.append(req)
+                        continue
+                # `*0`, `*-1`, a reply-like line such as `+x` / `:1`, a bad element
+                odd = True
+                break
+        except (hiredis.ProtocolError, TypeError):
             odd = True
         # Where do whole requests end? The guard knows for the request the previous read
         # left incomplete; the sizes of the requests parsed tell for the rest.

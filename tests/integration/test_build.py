@@ -136,8 +136,7 @@ def test_info_server_says_which_build(server: DisqueProcess) -> None:
 
 def test_a_module_taken_out_of_the_hot_set_is_not_run_compiled(built_copy: Path) -> None:
     # its .so stays beside its .py after the build that no longer compiles it
-    src = built_copy / "disque" / "commands" / "addjob.py"
-    so = src.with_name("addjob" + compiled._EXT)
+    so = built_copy / "disque" / "commands" / ("addjob" + compiled._EXT)
     shutil.copy2(next((built_copy / "disque").glob("node.*.so")), so)  # any extension file
     code = "import warnings; warnings.simplefilter('always'); import disque.commands.addjob as m; print(m.__file__)"
     out = run_in(built_copy, code)
