@@ -616,12 +616,12 @@ QUEUED_INCR_DELIV = 2  # ...or its additional-deliveries counter
 # Dead-letter state (disque.cluster.deadletters) in the aux of QUEUED and WILLQUEUE:
 QUEUED_STATE_ONLY = 4  # the sender did not queue the job: it only tells its state
 QUEUED_RESET = 8  # a redrive that reset the counters
-QUEUED_UNKNOWN = 16  # (with STATE_ONLY) the answer to a WILLQUEUE_CONFIRM: job unknown here
+QUEUED_UNKNOWN = 16  # (with STATE_ONLY) the answer to a WILLQUEUE_CONFIRM: job collected here
 STATE_REASON_SHIFT = 5  # 2 bits: why the job is dead (disque.jobs.deadletter REASON_*)
 STATE_REASON_MASK = 3
 STATE_EPOCH_SHIFT = 7  # the rest: the job's dead-letter epoch (odd: dead)
 # WILLQUEUE's aux: the state bits above, and this flag from a copy reloaded from the AOF,
-# which asks every holder to answer (QUEUED STATE_ONLY, with UNKNOWN if it has no copy)
+# which asks every holder to answer (QUEUED STATE_ONLY, with UNKNOWN if it collected the job)
 WILLQUEUE_CONFIRM = 1
 
 

@@ -8,8 +8,8 @@ postpones the others and dequeues duplicates on the node that loses the per-job 
 comparison (`sender_wins`). WORKING (and a NACK DELAY) postpones every holder's requeue.
 
 A copy reloaded from the AOF (F_RELOADED) asks every holder before its first requeue
-(`reload_pending`): all of them unknown, and the job was acknowledged and collected while
-this node was away (`reload_unknown`).
+(`reload_pending`): one that answers "collected here" proves the job acknowledged and
+collected while this node was away, and the copy is dropped (`reload_collected`).
 
 The dead-letter policy is reached through its door (`DeadLetterDoor`: check a limit before
 a requeue, compare the holders' states); messages leave through the state's outbox.
@@ -78,8 +78,8 @@ class Requeue:
         self.state = state
         self.deadletters = deadletters
         # jobs reloaded from the AOF waiting for a holder to confirm them (F_RELOADED):
-        # job id -> (holders that have not said "unknown" yet, WILLQUEUE rounds so far)
-        self.reload_pending: dict[bytes, tuple[set[bytes], int]] = {}
+        # job id -> WILLQUEUE rounds so far
+        self.reload_pending: dict[bytes, int] = {}
 
     def reload_confirmed(self, job_id: bytes) -> None:
         """Another holder has the reloaded job: it is alive (the flag is cleared)."""
@@ -194,14 +194,14 @@ class Requeue:
         A copy reloaded from the AOF (F_RELOADED) may be the last trace of a job that was
         acknowledged and collected while this node was down, or just before it crashed
         with its DELJOB not yet on disk: its WILLQUEUE asked every holder to answer. An
-        answer from one that has the job cleared the flag (it is alive: requeue); every
-        holder answering "unknown" deleted it (reload_unknown). Still flagged here means
-        some holders did not answer: wait one more RETRY, RELOAD_CONFIRM_ROUNDS times at
-        most, then requeue anyway (a job is never given up for silence)."""
+        answer from one that has the job cleared the flag (it is alive: requeue); one
+        holder answering "collected here" deleted it (reload_collected). Still flagged here
+        means no holder answered either way: wait one more RETRY, RELOAD_CONFIRM_ROUNDS
+        times at most, then requeue anyway (a job is never given up for silence)."""
         if job.flags & F_RELOADED:
-            _, rounds = self.reload_pending.get(job.id, (None, 0))
+            rounds = self.reload_pending.get(job.id, 0)
             if rounds + 1 < RELOAD_CONFIRM_ROUNDS:
-                self.reload_pending[job.id] = (set(), rounds + 1)
+                self.reload_pending[job.id] = rounds + 1
                 job.qtime = self.state.requeue_time(job, now)
                 job.flags &= ~F_BCAST_WILLQUEUE
                 return
@@ -237,9 +237,7 @@ class Requeue:
         aux = state_bits(job)
         if job.flags & F_RELOADED:
             aux |= WILLQUEUE_CONFIRM
-            others = self.state.others(job)
-            _, rounds = self.reload_pending.get(job.id, (None, 0))
-            self.reload_pending[job.id] = (set(others), rounds)
+            self.reload_pending.setdefault(job.id, 0)
         self.state.send_to(job.delivered, WillQueue(self.state.header(), job.id, aux))
 
     def on_willqueue(self, sender: bytes, msg: WillQueue) -> None:
@@ -275,7 +273,7 @@ class Requeue:
             return
         aux = msg.aux
         if aux & QUEUED_UNKNOWN:
-            self.reload_unknown(sender, job)
+            self.reload_collected(job)
             return
         if job.flags & F_RELOADED:  # another holder has the job: it is alive
             job.flags &= ~F_RELOADED
@@ -317,17 +315,17 @@ class Requeue:
             job.flags &= ~F_BCAST_WILLQUEUE
             self.state.schedule_job(job)
 
-    def reload_unknown(self, sender: bytes, job: Job) -> None:
-        """A holder asked by a reloaded copy's WILLQUEUE has no copy. When none of them has
-        one, the job was acknowledged and collected while we were away: drop ours."""
-        entry = self.reload_pending.get(job.id)
-        if entry is None or not job.flags & F_RELOADED:
-            return
-        waiting = entry[0]
-        waiting.discard(sender)
-        if not waiting:
-            self.reload_pending.pop(job.id, None)
-            self.state.delete_job(job)
+    def reload_collected(self, job: Job) -> None:
+        """A holder asked by a reloaded copy's WILLQUEUE collected the job: it was
+        acknowledged (or FASTACKed, or its ADDJOB failed) and every copy is to go, as on a
+        DELJOB. One such answer is proof enough, whatever the other holders say or whether
+        they answer at all: the others may be down, or reloaded copies themselves. (Before,
+        every holder had to answer "unknown" within one WILLQUEUE round; with holders
+        restarting one after another that rarely happened, and the ghost was requeued and
+        delivered again after its ACK.)"""
+        self.reload_pending.pop(job.id, None)
+        self.state.note_collected(job.id)
+        self.state.delete_job(job)
 
     def broadcast_working(self, job: Job) -> None:
         if self.state.others(job):
