@@ -24,6 +24,11 @@ system-deps:
 		SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 		$$SUDO $(APT) update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO $(APT) install -y -qq redis-tools redis-server >/dev/null; \
 	fi
+	@if ! command -v openssl >/dev/null 2>&1; then \
+		echo "installing Debian openssl (the TLS tests make their certificates with it)"; \
+		SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+		$$SUDO $(APT) update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO $(APT) install -y -qq openssl >/dev/null; \
+	fi
 	@if ! command -v java >/dev/null 2>&1; then \
 		echo "installing a Debian Java runtime for Spark"; \
 		SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \

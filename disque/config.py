@@ -17,6 +17,7 @@ working directory (the server chdirs to `Config.dir`) and never touches logging 
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import re
@@ -121,6 +122,19 @@ class Config:
     cluster_announce_port: int = 0
     cluster_password: str = ""
     cluster_port_offset: int = 10000
+    # TLS on the client port (disque.tls); tls_port 0 = off
+    tls_port: int = 0
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_key_file_pass: str = ""
+    tls_ca_cert_file: str = ""
+    tls_ca_cert_dir: str = ""
+    tls_auth_clients: str = "yes"
+    tls_protocols: str = ""
+    tls_ciphers: str = ""
+    tls_prefer_server_ciphers: bool = False
+    tls_session_caching: bool = True
+    tls_handshake_timeout: int = 10000  # ms for a TLS handshake to finish (slowloris)
     # HTTP side (disque.http): /metrics, JSON API, dashboard; 0 = off
     http_port: int = 0
     http_password: str = ""
@@ -372,6 +386,16 @@ class _FileName(_Kind):
         return s
 
 
+class _Path(_String):
+    """A file or directory, kept absolute when read from the config file or the command
+    line: relative to where the server started, or to `dir` once a `dir` line came before
+    (the original chdirs there at parse time); with CONFIG SET, relative to `dir`."""
+
+    def parse_file(self, args: list[str], cwd: str) -> str:
+        path = self.parse(args[0])
+        return path if not path or os.path.isabs(path) else os.path.join(cwd, path)
+
+
 class _IP(_Kind):
     """An IP address, or "" for none."""
 
@@ -547,6 +571,18 @@ DIRECTIVES: tuple[Directive, ...] = (
     D("appendfilename", _FileName()),
     D("cluster-port-offset", _Int(1, 65535)),
     D("cluster-password", _Secret()),
+    D("tls-port", _Int(0, 65535)),
+    D("tls-cert-file", _Path(), settable=True),
+    D("tls-key-file", _Path(), settable=True),
+    D("tls-key-file-pass", _Secret(), settable=True),
+    D("tls-ca-cert-file", _Path(), settable=True),
+    D("tls-ca-cert-dir", _Path(), settable=True),
+    D("tls-auth-clients", _Enum("yes", "no", "optional"), settable=True),
+    D("tls-protocols", _String(), settable=True),
+    D("tls-ciphers", _String(), settable=True),
+    D("tls-prefer-server-ciphers", _Bool(), settable=True),
+    D("tls-session-caching", _Bool(), settable=True),
+    D("tls-handshake-timeout", _Int(1), settable=True),
     D("http-port", _Int(0, 65535), settable=True),
     D("http-password", _Secret(MAX_PASSWORD_LEN), settable=True),
     D("metrics-max-queues", _Int(0), settable=True),
@@ -698,12 +734,13 @@ class _Loader:
     def check(self) -> None:
         """Checks that involve more than one directive, reported at the later one's line."""
         cfg = self.cfg
-        bus = cfg.port + cfg.cluster_port_offset
-        if cfg.port and bus > 65535:
+        base = "port" if cfg.port or not cfg.tls_port else "tls-port"  # TLS only: tls-port
+        bus = (cfg.port or cfg.tls_port) + cfg.cluster_port_offset
+        if (cfg.port or cfg.tls_port) and bus > 65535:
             # port and the offset are both in range alone, so at least one was set explicitly
-            _, source, lineno, line = max(self.where[n] for n in ("port", "cluster-port-offset")
+            _, source, lineno, line = max(self.where[n] for n in (base, "cluster-port-offset")
                                           if n in self.where)
-            raise ConfigError(source, f"Invalid port: the cluster bus port (port + "
+            raise ConfigError(source, f"Invalid port: the cluster bus port ({base} + "
                               f"cluster-port-offset = {bus}) must be <= 65535", lineno, line)
 
 
@@ -783,23 +820,39 @@ def on_set(cfg: Config, name: str, fn: Hook) -> None:
     cfg.hooks.setdefault(d.name, []).append(fn)
 
 
-def config_set(cfg: Config, name: str, value: str) -> None:
-    """CONFIG SET name value (name case-insensitive); raise ConfigSetError with the RESP text."""
-    d = _directive(name)
-    if d is None or not d.settable:
-        raise ConfigSetError(f"ERR Unsupported CONFIG parameter: {name}")
+def config_set(cfg: Config, name: str, value: str, *more: tuple[str, str]) -> None:
+    """CONFIG SET name value [name value ...] (names case-insensitive; several pairs as in
+    Redis 7: all set, or none); raise ConfigSetError with the RESP text. Every value is
+    parsed first; then all are stored and each hook runs once, seeing all of them (a
+    certificate and its key change together); a hook that raises restores every old value."""
+    parsed: list[tuple[Directive, Any]] = []
+    for n, v in ((name, value), *more):
+        d = _directive(n)
+        if d is None or not d.settable:
+            raise ConfigSetError(f"ERR Unsupported CONFIG parameter: {n}")
+        if any(d is p for p, _ in parsed):
+            raise ConfigSetError(f"ERR Duplicate parameter: {n}")
+        try:
+            parsed.append((d, d.kind.parse_set(v)))
+        except ValueError:
+            raise ConfigSetError(f"ERR Invalid argument '{v}' for CONFIG SET '{n}'") \
+                from None
+    olds = [(d, getattr(cfg, d.attr)) for d, _ in parsed]
+    for d, new in parsed:
+        setattr(cfg, d.attr, new)
+    done: list[tuple[Hook, str]] = []
     try:
-        new = d.kind.parse_set(value)
-    except ValueError:
-        raise ConfigSetError(f"ERR Invalid argument '{value}' for CONFIG SET '{name}'") \
-            from None
-    old = getattr(cfg, d.attr)
-    setattr(cfg, d.attr, new)
-    try:
-        for hook in cfg.hooks.get(d.name, ()):
-            hook(cfg, d.name)
+        for d, _ in parsed:
+            for hook in cfg.hooks.get(d.name, ()):
+                if not any(hook == h for h, _ in done):
+                    hook(cfg, d.name)
+                    done.append((hook, d.name))
     except BaseException:
-        setattr(cfg, d.attr, old)
+        for d, old in olds:
+            setattr(cfg, d.attr, old)
+        for hook, hook_name in done:  # what the hooks that ran applied goes back too
+            with contextlib.suppress(ConfigSetError):
+                hook(cfg, hook_name)
         raise
 
 

@@ -25,6 +25,7 @@ from disque.process import (
     lock_cluster_config,
     replace_config_lock,
 )
+from disque.tls import CONTEXT_DIRECTIVES
 
 if TYPE_CHECKING:
     from disque.server import Server
@@ -52,6 +53,8 @@ def install(server: Server) -> None:
                  "redrive-rate"):
         on_set(cfg, name, server.apply_deadletter_defaults)
     on_set(cfg, "client-output-buffer-limit", lambda c, name: server.apply_limits())
+    for name in CONTEXT_DIRECTIVES:  # the next TLS connection uses the new context
+        on_set(cfg, name, server.tls.reload)
     on_set(cfg, "latency-monitor-threshold",
            lambda c, name: server.latency.set_threshold(c.latency_monitor_threshold))
 

@@ -36,6 +36,7 @@ from disque.commands import load_all
 from disque.config import Config, ConfigError, load_config
 from disque.connection import debug_events
 from disque.logs import configure_structlog, renderer_for
+from disque.tls import TlsConfigError, server_context
 
 log = structlog.get_logger("disque")
 
@@ -254,7 +255,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(str(exc), file=sys.stderr)
         return 1
-    if not cfg.port and not cfg.unixsocket:
+    if cfg.tls_port:
+        try:
+            server_context(cfg)  # the files are read now: a bad one stops the start
+        except TlsConfigError as exc:
+            print(f"*** FATAL CONFIG ERROR *** Failed to configure TLS: {exc}", file=sys.stderr)
+            return 1
+    if not cfg.port and not cfg.tls_port and not cfg.unixsocket:
         # as redis-server: a node nobody can reach would run until killed
         print("Configured to not listen anywhere, exiting.", file=sys.stderr)
         return 1
@@ -321,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
             except OSError as exc:
                 log.warning("server.pidfile_failed", path=cfg.pidfile, error=str(exc))
         log.info("server.start", version=__version__, compiled=compiled.summary()[0],
-                 port=cfg.port, bind=" ".join(cfg.bind),
+                 port=cfg.port, tls_port=cfg.tls_port, bind=" ".join(cfg.bind),
                  pid=os.getpid(), config_file=cfg.config_file or "",
                  node_id=server.node_id.decode(), dir=os.getcwd())
         if cfg.daemonize:

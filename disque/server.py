@@ -46,6 +46,7 @@ from disque.process import (
     main,
 )
 from disque.timers import NEVER, RES
+from disque.tls import TlsListener
 
 if TYPE_CHECKING:
     from disque.http import HttpSide
@@ -73,7 +74,7 @@ class Server:
         binds = specific_binds(cfg.bind)
         bind_ip = binds[0] if binds else ""
         self.membership = Membership(
-            myself, cfg.port, clock=wall_ms, rng=rng, node_timeout=cfg.cluster_node_timeout,
+            myself, cfg.port or cfg.tls_port, clock=wall_ms, rng=rng, node_timeout=cfg.cluster_node_timeout,
             blacklist_ttl=cfg.cluster_forget_ttl * 1000,
             bus_port_offset=cfg.cluster_port_offset,
             announce_ip=cfg.cluster_announce_ip.encode() or None,
@@ -113,6 +114,7 @@ class Server:
         self.pause_handle: asyncio.TimerHandle | None = None
         self.listeners: list[asyncio.AbstractServer] = []
         self.http: HttpSide | None = None  # while http-port is set
+        self.tls = TlsListener(self)  # the tls-port listener (disque.tls), if tls-port is set
         self.start_time = time.time()
         self.now_mono = time.monotonic()
         self.shutting_down = False
@@ -261,6 +263,9 @@ class Server:
                 srv = await self.loop.create_server(lambda: Client(self), addr, cfg.port,
                                                     backlog=cfg.tcp_backlog, reuse_address=True)
                 self.listeners.append(srv)
+        if cfg.tls_port:
+            self.tls.load(cfg)  # (process.main checked the files: a TlsConfigError is rare)
+            await self.tls.start(cfg.bind, cfg.tls_port, cfg.tcp_backlog)
         if cfg.unixsocket:
             try:
                 os.unlink(cfg.unixsocket)
@@ -272,8 +277,9 @@ class Server:
                 os.chmod(cfg.unixsocket, cfg.unixsocketperm)
             self.listeners.append(srv)
             self.own_files.append(os.path.abspath(cfg.unixsocket))
-        if cfg.port:
-            await self.bus.start(cfg.bind, cfg.port + cfg.cluster_port_offset, cfg.tcp_backlog)
+        if cfg.port or cfg.tls_port:  # (TLS only, port 0: the bus port is tls-port + offset)
+            await self.bus.start(cfg.bind, (cfg.port or cfg.tls_port) + cfg.cluster_port_offset,
+                                 cfg.tcp_backlog)
         self.cron.run()
         self.bus_cron()
         await self.aofm.load_at_start()
@@ -296,6 +302,7 @@ class Server:
         log.info("server.shutdown", reason="requested", pid=os.getpid())
         for srv in self.listeners:
             srv.close()
+        self.tls.close()
         if self.http is not None:
             self.http.close_listeners()
         self.bus.close()

@@ -156,10 +156,11 @@ def cmd_config(c: Caller, argv: list[bytes]) -> None:
                 flat += [name.encode(), value.encode("utf-8", "surrogateescape")]
             c.out.append(encode(flat, c.proto))
         elif sub == b"set":
-            if n != 4:
+            if n < 4 or n % 2:
                 raise err(f"Wrong number of arguments for CONFIG {typed}")
-            config_set(cfg, argv[2].decode(errors="replace"),
-                       argv[3].decode(errors="surrogateescape"))
+            pairs = [(argv[i].decode(errors="replace"),
+                      argv[i + 1].decode(errors="surrogateescape")) for i in range(2, n, 2)]
+            config_set(cfg, *pairs[0], *pairs[1:])
             c.out.append(OK)
         elif sub == b"resetstat":
             if n != 2:

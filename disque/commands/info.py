@@ -110,6 +110,7 @@ def info_sections(server: Server) -> dict[str, list[tuple[str, Any]]]:
             ("instantaneous_input_kbps", f"{ikbps:.2f}"),
             ("instantaneous_output_kbps", f"{okbps:.2f}"),
             ("rejected_connections", server.stat_rejected),
+            *server.tls.info_fields(),
             ("latest_fork_usec", 0),
         ],
         "CPU": [

@@ -43,6 +43,7 @@ from aiohttp.web_protocol import RequestHandler
 
 from disque.http.metrics import CONTENT_TYPE, exposition
 from disque.http.view import CommandFailed, NodeView, pairs
+from disque.listen import bind_sockets
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
@@ -428,32 +429,6 @@ class _Busy(asyncio.Protocol):
         transport.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
                         b"Connection: close\r\n\r\n")
         transport.close()
-
-
-def bind_sockets(addrs: list[str], port: int, backlog: int) -> list[socket.socket]:
-    """Listening sockets on every `bind` address, made at once (so CONFIG SET http-port can
-    answer a port in use); OSError if any address fails (the others are closed)."""
-    socks: list[socket.socket] = []
-    try:
-        for addr in addrs:
-            host = None if addr in ("*", "") else addr
-            for family, type_, proto, _, sockaddr in socket.getaddrinfo(
-                    host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE):
-                s = socket.socket(family, type_, proto)
-                socks.append(s)
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                if family == socket.AF_INET6:
-                    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-                s.bind(sockaddr)
-                s.listen(backlog)
-                s.setblocking(False)
-                if host is None:
-                    break  # one wildcard socket is enough
-    except OSError:
-        for s in socks:
-            s.close()
-        raise
-    return socks
 
 
 class HttpSide:

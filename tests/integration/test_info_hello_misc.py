@@ -40,7 +40,7 @@ FIELDS = {
     "Stats": ["total_connections_received", "total_commands_processed",
               "instantaneous_ops_per_sec", "total_net_input_bytes", "total_net_output_bytes",
               "instantaneous_input_kbps", "instantaneous_output_kbps", "rejected_connections",
-              "latest_fork_usec"],
+              "tls_handshakes", "tls_handshake_failures", "latest_fork_usec"],
     "CPU": ["used_cpu_sys", "used_cpu_user", "used_cpu_sys_children", "used_cpu_user_children"],
 }
 

@@ -480,7 +480,10 @@ GET_ORDER = [
     "log-format", "proto-max-bulk-len", "client-query-buffer-limit", "queue-idle-timeout",
     "rereplicate-rate", "repair-rate", "repair-grace", "cluster-forget-ttl", "default-max-deliveries", "default-max-nacks", "deadletter-queue", "redrive-rate",
     "cluster-announce-ip", "cluster-announce-port", "cluster-config-file", "appendfilename",
-    "cluster-port-offset", "cluster-password", "http-port", "http-password",
+    "cluster-port-offset", "cluster-password", "tls-port", "tls-cert-file", "tls-key-file",
+    "tls-key-file-pass", "tls-ca-cert-file", "tls-ca-cert-dir", "tls-auth-clients",
+    "tls-protocols", "tls-ciphers", "tls-prefer-server-ciphers", "tls-session-caching",
+    "tls-handshake-timeout", "http-port", "http-password",
     "metrics-max-queues", "http-idle-timeout", "http-body-timeout",
 ]
 
@@ -524,7 +527,7 @@ def test_config_get_formats(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("pattern", "names"), [
     ("port", ["port"]),
     ("maxmemory*", ["maxmemory", "maxmemory-samples", "maxmemory-policy"]),
-    ("*port", ["port", "cluster-announce-port", "http-port"]),
+    ("*port", ["port", "cluster-announce-port", "tls-port", "http-port"]),
     ("slowlog-*", ["slowlog-log-slower-than", "slowlog-max-len"]),
     ("h?", ["hz"]),
     ("[dp]i*", ["pidfile", "dir"]),
@@ -630,6 +633,35 @@ def test_config_set_name_is_case_insensitive() -> None:
     config_set(cfg, "MAXMEMORY", "5mb")
     assert cfg.maxmemory == 5 * MB
     assert dict(config_get(cfg, "maxmemory")) == {"maxmemory": str(5 * MB)}
+
+
+def test_config_set_several_pairs_are_all_set_or_none() -> None:
+    """CONFIG SET p1 v1 p2 v2 (Redis 7; a TLS certificate and its key change together)."""
+    cfg = Config()
+    applied: list[tuple[str, int, int]] = []
+    on_set(cfg, "maxmemory", lambda c, n: applied.append((n, c.maxmemory, c.hz)))
+    on_set(cfg, "hz", lambda c, n: applied.append((n, c.maxmemory, c.hz)))
+    config_set(cfg, "maxmemory", "5mb", ("hz", "20"))
+    assert (cfg.maxmemory, cfg.hz) == (5 * MB, 20)
+    # every hook ran once, after both values were stored
+    assert applied == [("maxmemory", 5 * MB, 20), ("hz", 5 * MB, 20)]
+    # a bad value anywhere: nothing is stored, no hook runs
+    applied.clear()
+    with pytest.raises(ConfigSetError, match="Invalid argument 'x' for CONFIG SET 'hz'"):
+        config_set(cfg, "maxmemory", "7mb", ("hz", "x"))
+    with pytest.raises(ConfigSetError, match="Duplicate parameter: HZ"):
+        config_set(cfg, "hz", "30", ("HZ", "40"))
+    assert (cfg.maxmemory, cfg.hz, applied) == (5 * MB, 20, [])
+
+    # a hook that refuses: every value goes back, and the hooks that ran apply the old ones
+    def refuse(c: Config, n: str) -> None:
+        if c.hz == 99:
+            raise ConfigSetError("ERR no")
+    on_set(cfg, "hz", refuse)
+    with pytest.raises(ConfigSetError, match="ERR no"):
+        config_set(cfg, "maxmemory", "9mb", ("hz", "99"))
+    assert (cfg.maxmemory, cfg.hz) == (5 * MB, 20)
+    assert applied[-2:] == [("maxmemory", 5 * MB, 20), ("hz", 5 * MB, 20)]
 
 
 def test_config_set_tcp_keepalive_reads_back_as_yes_no() -> None:
