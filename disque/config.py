@@ -135,6 +135,7 @@ class Config:
     tls_prefer_server_ciphers: bool = False
     tls_session_caching: bool = True
     tls_handshake_timeout: int = 10000  # ms for a TLS handshake to finish (slowloris)
+    tls_cluster: bool = False  # the cluster bus over TLS, mutual (disque.tls.bus_contexts)
     # HTTP side (disque.http): /metrics, JSON API, dashboard; 0 = off
     http_port: int = 0
     http_password: str = ""
@@ -583,6 +584,7 @@ DIRECTIVES: tuple[Directive, ...] = (
     D("tls-prefer-server-ciphers", _Bool(), settable=True),
     D("tls-session-caching", _Bool(), settable=True),
     D("tls-handshake-timeout", _Int(1), settable=True),
+    D("tls-cluster", _Bool()),
     D("http-port", _Int(0, 65535), settable=True),
     D("http-password", _Secret(MAX_PASSWORD_LEN), settable=True),
     D("metrics-max-queues", _Int(0), settable=True),

@@ -36,7 +36,7 @@ from disque.commands import load_all
 from disque.config import Config, ConfigError, load_config
 from disque.connection import debug_events
 from disque.logs import configure_structlog, renderer_for
-from disque.tls import TlsConfigError, server_context
+from disque.tls import TlsConfigError, bus_contexts, server_context
 
 log = structlog.get_logger("disque")
 
@@ -255,9 +255,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(str(exc), file=sys.stderr)
         return 1
-    if cfg.tls_port:
-        try:
-            server_context(cfg)  # the files are read now: a bad one stops the start
+    if cfg.tls_port or cfg.tls_cluster:
+        try:  # the files are read now: a bad one stops the start
+            server_context(cfg)
+            if cfg.tls_cluster:
+                bus_contexts(cfg)
         except TlsConfigError as exc:
             print(f"*** FATAL CONFIG ERROR *** Failed to configure TLS: {exc}", file=sys.stderr)
             return 1

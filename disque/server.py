@@ -263,9 +263,13 @@ class Server:
                 srv = await self.loop.create_server(lambda: Client(self), addr, cfg.port,
                                                     backlog=cfg.tcp_backlog, reuse_address=True)
                 self.listeners.append(srv)
-        if cfg.tls_port:
+        if cfg.tls_port or cfg.tls_cluster:
             self.tls.load(cfg)  # (process.main checked the files: a TlsConfigError is rare)
+        if cfg.tls_port:
             await self.tls.start(cfg.bind, cfg.tls_port, cfg.tcp_backlog)
+        if cfg.tls_cluster:
+            self.bus.tls_listen = self.tls.start_bus
+            self.bus.tls_dial = self.tls.bus_dial_context
         if cfg.unixsocket:
             try:
                 os.unlink(cfg.unixsocket)

@@ -28,6 +28,7 @@ import os
 import socket
 import ssl
 import time
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -122,44 +123,59 @@ def _readable(name: str, path: str) -> None:
         raise TlsConfigError(f"cannot read {name} {path}: {exc.strerror or exc}") from None
 
 
-class TlsListener:
-    """The TLS side of the client port: the current context, the listeners, the handshake
-    failures (counted for INFO, logged at most once a second)."""
+def bus_contexts(cfg: Config) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """`tls-cluster yes`: the contexts of the bus's two sides, both with the node's
+    certificate and both requiring the peer's, signed by the CA (mutual TLS whatever
+    tls-auth-clients says). Peers are checked by their certificate's chain, not by name:
+    nodes are addressed by IP, and any certificate the CA signed is a node."""
+    if not (cfg.tls_ca_cert_file or cfg.tls_ca_cert_dir):
+        raise TlsConfigError("tls-cluster needs tls-ca-cert-file or tls-ca-cert-dir to verify "
+                             "the other nodes with")
+    accept = server_context(cfg)
+    accept.verify_mode = ssl.CERT_REQUIRED
+    dial = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    dial.check_hostname = False
+    dial.verify_mode = ssl.CERT_REQUIRED
+    dial.minimum_version, dial.maximum_version = parse_protocols(cfg.tls_protocols)
+    secret = cfg.tls_key_file_pass.encode("utf-8", "surrogateescape")
+    dial.load_cert_chain(cfg.tls_cert_file, cfg.tls_key_file, password=lambda: secret)
+    dial.load_verify_locations(cafile=cfg.tls_ca_cert_file or None,
+                               capath=cfg.tls_ca_cert_dir or None)
+    if cfg.tls_ciphers:
+        dial.set_ciphers(cfg.tls_ciphers)
+    return accept, dial
 
-    def __init__(self, server: Server) -> None:
-        self.server = server
-        self.context: ssl.SSLContext | None = None
+
+class TlsAcceptor:
+    """Listening sockets whose connections are wrapped in TLS, each with the context
+    `context()` returns when it is accepted (loop.connect_accepted_socket); `factory`
+    makes the protocol of a connection whose handshake succeeded. Failed handshakes are
+    counted and logged (`event`) at most once a second."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, factory: Callable[[], asyncio.Protocol],
+                 context: Callable[[], ssl.SSLContext], timeout_s: Callable[[], float],
+                 event: str) -> None:
+        self.loop = loop
+        self.factory = factory
+        self.context = context
+        self.timeout_s = timeout_s
+        self.event = event
         self.sockets: list[socket.socket] = []  # the listening sockets
         self.tasks: set[asyncio.Task[None]] = set()  # accept loops, handshakes under way
-        self.handshakes = 0  # handshakes done (INFO stats: tls_handshakes)
-        self.failures = 0  # handshakes that failed or timed out (tls_handshake_failures)
+        self.handshakes = 0  # handshakes done
+        self.failures = 0  # handshakes that failed or timed out
         self.unlogged = 0  # failures since the last log line
         self.logged_at = 0.0
 
-    def load(self, cfg: Config) -> None:
-        """Build the context from cfg (raises TlsConfigError, the current one kept)."""
-        self.context = server_context(cfg)
-
-    def reload(self, cfg: Config, name: str) -> None:
-        """CONFIG SET of a tls-* directive: new connections use the new context."""
-        if not cfg.tls_port:
-            return  # checked (and used) when a TLS listener starts
-        try:
-            self.load(cfg)
-        except TlsConfigError as exc:
-            raise ConfigSetError(f"ERR Invalid TLS configuration: {exc}") from None
-        log.info("tls.reloaded", directive=name)
-
     async def start(self, binds: list[str], port: int, backlog: int) -> None:
-        """Listen on tls-port; each accepted socket is wrapped in TLS with the context
-        current at that moment (loop.connect_accepted_socket)."""
-        loop = self.server.loop
-        assert loop is not None
         for sock in bind_sockets(binds, port, backlog):
             self.sockets.append(sock)
-            task = loop.create_task(self.accept_loop(sock))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
+            self._spawn(self.accept_loop(sock))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = self.loop.create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
     def close(self) -> None:
         for task in list(self.tasks):
@@ -169,30 +185,19 @@ class TlsListener:
         self.sockets.clear()
 
     async def accept_loop(self, sock: socket.socket) -> None:
-        loop = self.server.loop
-        assert loop is not None
         while True:
             try:
-                conn, peer = await loop.sock_accept(sock)
+                conn, peer = await self.loop.sock_accept(sock)
             except OSError as exc:  # EMFILE and the like: the listener stays
                 log.warning("tls.accept_failed", error=str(exc))
                 await asyncio.sleep(0.1)
                 continue
-            task = loop.create_task(self.upgrade(conn, peer))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
+            self._spawn(self.upgrade(conn, peer))
 
     async def upgrade(self, conn: socket.socket, peer: Any) -> None:
-        from disque.connection import Client
-
-        server = self.server
-        loop = server.loop
-        ctx = self.context
-        assert loop is not None and ctx is not None
-        handshake_s = server.cfg.tls_handshake_timeout / 1000
         try:
-            await loop.connect_accepted_socket(lambda: Client(server), conn, ssl=ctx,
-                                               ssl_handshake_timeout=handshake_s)
+            await self.loop.connect_accepted_socket(self.factory, conn, ssl=self.context(),
+                                                    ssl_handshake_timeout=self.timeout_s())
         except OSError as exc:  # (SSLError, TimeoutError, ConnectionError too)
             conn.close()
             self.failed(peer, exc)
@@ -204,14 +209,85 @@ class TlsListener:
         self.unlogged += 1
         now = time.monotonic()
         if now - self.logged_at >= 1.0:
-            log.warning("tls.handshake_failed", addr=_addr(peer),
-                        error=str(exc) or type(exc).__name__, failures=self.unlogged)
+            log.warning(self.event, addr=_addr(peer), error=str(exc) or type(exc).__name__,
+                        failures=self.unlogged)
             self.logged_at = now
             self.unlogged = 0
 
+
+class TlsListener:
+    """The node's TLS: the contexts built from the tls-* directives (rebuilt by CONFIG SET),
+    the client port's acceptor, and with `tls-cluster yes` the bus's contexts."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.context: ssl.SSLContext | None = None  # the client port's
+        self.bus_accept: ssl.SSLContext | None = None  # tls-cluster: inbound bus links
+        self.bus_dial: ssl.SSLContext | None = None  # tls-cluster: outbound bus links
+        self.clients: TlsAcceptor | None = None
+        self.bus: TlsAcceptor | None = None
+
+    def load(self, cfg: Config) -> None:
+        """Build the contexts from cfg (raises TlsConfigError, the current ones kept)."""
+        context = server_context(cfg) if cfg.tls_port else None
+        bus = bus_contexts(cfg) if cfg.tls_cluster else None
+        self.context = context
+        if bus is not None:
+            self.bus_accept, self.bus_dial = bus
+
+    def reload(self, cfg: Config, name: str) -> None:
+        """CONFIG SET of a tls-* directive: new connections use the new contexts."""
+        if not cfg.tls_port and not cfg.tls_cluster:
+            return  # checked (and used) when TLS is on at start
+        try:
+            self.load(cfg)
+        except (TlsConfigError, ssl.SSLError, OSError) as exc:
+            raise ConfigSetError(f"ERR Invalid TLS configuration: {exc}") from None
+        log.info("tls.reloaded", directive=name)
+
+    def timeout_s(self) -> float:
+        return self.server.cfg.tls_handshake_timeout / 1000
+
+    async def start(self, binds: list[str], port: int, backlog: int) -> None:
+        """Listen on tls-port."""
+        from disque.connection import Client
+
+        server = self.server
+        assert server.loop is not None and self.context is not None
+        self.clients = TlsAcceptor(server.loop, lambda: Client(server), self.client_context,
+                                   self.timeout_s, "tls.handshake_failed")
+        await self.clients.start(binds, port, backlog)
+
+    def client_context(self) -> ssl.SSLContext:
+        assert self.context is not None
+        return self.context
+
+    def bus_accept_context(self) -> ssl.SSLContext:
+        assert self.bus_accept is not None
+        return self.bus_accept
+
+    def bus_dial_context(self) -> ssl.SSLContext:
+        assert self.bus_dial is not None
+        return self.bus_dial
+
+    async def start_bus(self, factory: Callable[[], asyncio.Protocol], binds: list[str],
+                        port: int, backlog: int) -> None:
+        """tls-cluster: the bus port's acceptor (a node without a certificate from the CA
+        is refused: bus.tls_refused)."""
+        assert self.server.loop is not None
+        self.bus = TlsAcceptor(self.server.loop, factory, self.bus_accept_context,
+                               self.timeout_s, "bus.tls_refused")
+        await self.bus.start(binds, port, backlog)
+
+    def close(self) -> None:
+        for acceptor in (self.clients, self.bus):
+            if acceptor is not None:
+                acceptor.close()
+
     def info_fields(self) -> list[tuple[str, int]]:
-        return [("tls_handshakes", self.handshakes),
-                ("tls_handshake_failures", self.failures)]
+        clients = self.clients
+        return [("tls_handshakes", clients.handshakes if clients else 0),
+                ("tls_handshake_failures", clients.failures if clients else 0)]
 
 
 def _addr(peer: Any) -> str:

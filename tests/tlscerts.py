@@ -36,7 +36,9 @@ def _signed(cwd: Path, name: str, ca: str, cn: str, server: bool, password: str 
     _openssl("req", "-new", "-key", key.name, *pass_args, "-out", f"{name}.csr",
              "-subj", f"/CN={cn}", cwd=cwd)
     ext = cwd / f"{name}.ext"
-    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n"
+    # a node's certificate serves both sides of a bus link (tls-cluster)
+    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+                   "extendedKeyUsage=serverAuth,clientAuth\n"
                    if server else "extendedKeyUsage=clientAuth\n")
     _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key",
              "-CAcreateserial", "-out", f"{name}.crt", "-days", "3", "-extfile", ext.name,
@@ -58,7 +60,7 @@ class Pki:
     client_crt: Path
     client_key: Path
     rogue_ca: Path  # a CA the server does not trust
-    rogue_crt: Path  # a client certificate signed by it
+    rogue_crt: Path  # a certificate signed by it (for a client, or a node)
     rogue_key: Path
 
 
@@ -75,6 +77,6 @@ def make_pki(where: Path) -> Pki:
                                      password=KEY_PASSWORD)
     client_crt, client_key = _signed(where, "client", "ca", "client", False)
     rogue_ca, _ = _ca(where, "rogue-ca")
-    rogue_crt, rogue_key = _signed(where, "rogue", "rogue-ca", "rogue", False)
+    rogue_crt, rogue_key = _signed(where, "rogue", "rogue-ca", "rogue", True)
     return Pki(where, ca, server_crt, server_key, renewed_crt, other_crt, other_key,
                locked_key, locked_crt, client_crt, client_key, rogue_ca, rogue_crt, rogue_key)

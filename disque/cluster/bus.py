@@ -17,8 +17,9 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import os
+import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 import structlog
@@ -267,10 +268,17 @@ class Bus:
         # source (127.0.0.1, or the interface toward the peer) may not be one we listen on.
         self.source_ips: list[str] = []
         self.save_retry_at: float | None = None  # a failed nodes.conf write is retried then
+        # tls-cluster (disque.tls): listen through a TLS acceptor, dial with this context
+        self.tls_listen: Callable[[Callable[[], asyncio.Protocol], list[str], int, int],
+                                  Awaitable[None]] | None = None
+        self.tls_dial: Callable[[], ssl.SSLContext] | None = None
 
     async def start(self, addresses: list[str], port: int, backlog: int = 511) -> None:
         self.loop = asyncio.get_running_loop()
         self.source_ips = specific_binds(addresses)
+        if self.tls_listen is not None:
+            await self.tls_listen(lambda: BusLink(self, inbound=True), addresses, port, backlog)
+            return
         for addr in addresses:
             srv = await self.loop.create_server(lambda: BusLink(self, inbound=True), addr, port,
                                                 backlog=backlog, reuse_address=True)
@@ -357,8 +365,9 @@ class Bus:
         local_addr = (source, 0) if source else None
         try:
             await asyncio.wait_for(
-                self.loop.create_connection(lambda: link, ip, effect.bus_port,
-                                            local_addr=local_addr),
+                self.loop.create_connection(
+                    lambda: link, ip, effect.bus_port, local_addr=local_addr,
+                    ssl=self.tls_dial() if self.tls_dial is not None else None),
                 timeout)
             if link.ready is not None:
                 ok = await asyncio.wait_for(link.ready, timeout)
