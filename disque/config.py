@@ -136,6 +136,7 @@ class Config:
     tls_session_caching: bool = True
     tls_handshake_timeout: int = 10000  # ms for a TLS handshake to finish (slowloris)
     tls_cluster: bool = False  # the cluster bus over TLS, mutual (disque.tls.bus_contexts)
+    tls_http: bool = False  # the HTTP side over HTTPS, with the client port's context
     # HTTP side (disque.http): /metrics, JSON API, dashboard; 0 = off
     http_port: int = 0
     http_password: str = ""
@@ -585,6 +586,7 @@ DIRECTIVES: tuple[Directive, ...] = (
     D("tls-session-caching", _Bool(), settable=True),
     D("tls-handshake-timeout", _Int(1), settable=True),
     D("tls-cluster", _Bool()),
+    D("tls-http", _Bool()),
     D("http-port", _Int(0, 65535), settable=True),
     D("http-password", _Secret(MAX_PASSWORD_LEN), settable=True),
     D("metrics-max-queues", _Int(0), settable=True),

@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(str(exc), file=sys.stderr)
         return 1
-    if cfg.tls_port or cfg.tls_cluster:
+    if cfg.tls_port or cfg.tls_cluster or cfg.tls_http:
         try:  # the files are read now: a bad one stops the start
             server_context(cfg)
             if cfg.tls_cluster:

@@ -253,6 +253,8 @@ class Server:
         # -LOADING from the first accepted command until the AOF is loaded *and* open for
         # writing: a write accepted earlier would be acknowledged and never logged.
         self.loading = bool(cfg.appendonly or cfg.aof_enqueue_jobs_once)
+        if cfg.tls_port or cfg.tls_cluster or cfg.tls_http:
+            self.tls.load(cfg)  # (process.main checked the files: a TlsConfigError is rare)
         if cfg.http_port:
             # Before the RESP listeners: once the node answers, its HTTP side is up too (a
             # scrape right after the first PING found it still starting on a loaded machine).
@@ -263,8 +265,6 @@ class Server:
                 srv = await self.loop.create_server(lambda: Client(self), addr, cfg.port,
                                                     backlog=cfg.tcp_backlog, reuse_address=True)
                 self.listeners.append(srv)
-        if cfg.tls_port or cfg.tls_cluster:
-            self.tls.load(cfg)  # (process.main checked the files: a TlsConfigError is rare)
         if cfg.tls_port:
             await self.tls.start(cfg.bind, cfg.tls_port, cfg.tcp_backlog)
         if cfg.tls_cluster:
@@ -426,7 +426,7 @@ def new_http_side(server: Server) -> HttpSide:
     from disque.http import HttpSide, NodeView
 
     assert server.loop is not None
-    return HttpSide(NodeView(server), server.loop)
+    return HttpSide(NodeView(server), server.loop, server.tls if server.cfg.tls_http else None)
 
 
 # Bus messages that tell the sender a copy is held here: not sent when its record could

@@ -168,7 +168,11 @@ class TlsAcceptor:
         self.logged_at = 0.0
 
     async def start(self, binds: list[str], port: int, backlog: int) -> None:
-        for sock in bind_sockets(binds, port, backlog):
+        self.serve(bind_sockets(binds, port, backlog))
+
+    def serve(self, socks: list[socket.socket]) -> None:
+        """Accept on these listening sockets (closed by `close`)."""
+        for sock in socks:
             self.sockets.append(sock)
             self._spawn(self.accept_loop(sock))
 
@@ -217,11 +221,12 @@ class TlsAcceptor:
 
 class TlsListener:
     """The node's TLS: the contexts built from the tls-* directives (rebuilt by CONFIG SET),
-    the client port's acceptor, and with `tls-cluster yes` the bus's contexts."""
+    the client port's acceptor, with `tls-cluster yes` the bus's contexts, and with
+    `tls-http yes` the HTTP side's acceptors (the client port's context)."""
 
     def __init__(self, server: Server) -> None:
         self.server = server
-        self.context: ssl.SSLContext | None = None  # the client port's
+        self.context: ssl.SSLContext | None = None  # the client port's (and tls-http's)
         self.bus_accept: ssl.SSLContext | None = None  # tls-cluster: inbound bus links
         self.bus_dial: ssl.SSLContext | None = None  # tls-cluster: outbound bus links
         self.clients: TlsAcceptor | None = None
@@ -229,7 +234,7 @@ class TlsListener:
 
     def load(self, cfg: Config) -> None:
         """Build the contexts from cfg (raises TlsConfigError, the current ones kept)."""
-        context = server_context(cfg) if cfg.tls_port else None
+        context = server_context(cfg) if cfg.tls_port or cfg.tls_http else None
         bus = bus_contexts(cfg) if cfg.tls_cluster else None
         self.context = context
         if bus is not None:
@@ -237,7 +242,7 @@ class TlsListener:
 
     def reload(self, cfg: Config, name: str) -> None:
         """CONFIG SET of a tls-* directive: new connections use the new contexts."""
-        if not cfg.tls_port and not cfg.tls_cluster:
+        if not (cfg.tls_port or cfg.tls_cluster or cfg.tls_http):
             return  # checked (and used) when TLS is on at start
         try:
             self.load(cfg)
@@ -257,6 +262,12 @@ class TlsListener:
         self.clients = TlsAcceptor(server.loop, lambda: Client(server), self.client_context,
                                    self.timeout_s, "tls.handshake_failed")
         await self.clients.start(binds, port, backlog)
+
+    def http_acceptor(self, factory: Callable[[], asyncio.Protocol]) -> TlsAcceptor:
+        """tls-http: an acceptor for the HTTP side, with the client port's context."""
+        assert self.server.loop is not None
+        return TlsAcceptor(self.server.loop, factory, self.client_context, self.timeout_s,
+                           "http.tls_handshake_failed")
 
     def client_context(self) -> ssl.SSLContext:
         assert self.context is not None

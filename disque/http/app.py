@@ -48,6 +48,8 @@ from disque.listen import bind_sockets
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
 
+    from disque.tls import TlsAcceptor, TlsListener
+
 log = structlog.get_logger("disque.http")
 
 MAX_BODY = 64 * 1024  # the API's bodies are small JSON documents
@@ -434,9 +436,12 @@ class _Busy(asyncio.Protocol):
 class HttpSide:
     """The node's HTTP listener: started, moved or stopped as http-port says."""
 
-    def __init__(self, view: NodeView, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, view: NodeView, loop: asyncio.AbstractEventLoop,
+                 tls: TlsListener | None = None) -> None:
         self.view = view
         self.loop = loop
+        self.tls = tls  # tls-http: HTTPS, each connection with the TLS context current then
+        self.acceptors: list[TlsAcceptor] = []
         # keepalive_timeout: the wait for the next header after a reply (FirstRequest
         # bounds the first one); lingering_time: the wait for a body no handler reads.
         self.first_request = FirstRequest(loop, view.idle_timeout)
@@ -473,16 +478,24 @@ class HttpSide:
             self.first_request.watch(protocol)
             return protocol
 
-        for s in socks:
-            self.servers.append(await self.loop.create_server(factory, sock=s))
+        addrs = [s.getsockname()[0] for s in socks]
+        if self.tls is not None:
+            acceptor = self.tls.http_acceptor(factory)
+            acceptor.serve(socks)
+            self.acceptors.append(acceptor)
+        else:
+            for s in socks:
+                self.servers.append(await self.loop.create_server(factory, sock=s))
         self.port = port
-        log.info("http.listening", port=port,
-                 addrs=[s.getsockname()[0] for s in socks])
+        log.info("http.listening", port=port, addrs=addrs, tls=self.tls is not None)
 
     def close_listeners(self) -> None:
         for srv in self.servers:
             srv.close()
         self.servers = []
+        for acceptor in self.acceptors:
+            acceptor.close()
+        self.acceptors = []
         if self.port:
             log.info("http.stopped", port=self.port)
         self.port = 0

@@ -9,6 +9,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -250,3 +251,34 @@ def test_port_zero_serves_tls_only_and_bad_tls_files_stop_the_start(tmp_path: Pa
         proc.terminate()
         proc.wait(timeout=20)
     assert proc.returncode == 0
+
+
+def test_tls_http_serves_metrics_and_the_api_over_https_only(tmp_path: Path, pki: Pki) -> None:
+    http_port = free_port()
+    node, _ = tls_node(tmp_path, pki, "--http-port", str(http_port), "--tls-http", "yes")
+    ctx = ssl.create_default_context(cafile=str(pki.ca))
+
+    def get(port: int, path: str) -> tuple[int, str]:
+        url = f"https://127.0.0.1:{port}{path}"
+        with urllib.request.urlopen(url, context=ctx, timeout=10) as resp:
+            return resp.status, resp.read().decode()
+
+    try:
+        status, text = get(http_port, "/metrics")
+        assert status == 200 and "disque_node_info" in text
+        cmd_ok = node.cli("ADDJOB", "webq", "seen over https", "0").strip()
+        status, text = get(http_port, "/api/queues")
+        assert status == 200 and "webq" in text, text
+        # plain HTTP on the HTTPS port: refused, the node goes on
+        with socket.create_connection(("127.0.0.1", http_port), timeout=10) as s:
+            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert closed_by_peer(s)
+        # moved by CONFIG SET http-port: still HTTPS, with the context reloaded meanwhile
+        assert node.cli("CONFIG", "SET", "tls-cert-file", str(pki.renewed_crt)).strip() == "OK"
+        moved = free_port()
+        assert node.cli("CONFIG", "SET", "http-port", str(moved)).strip() == "OK"
+        wait_for(lambda: get(moved, "/metrics")[0] == 200, what="HTTPS on the new port")
+        assert cmd_ok.startswith("D-")
+        assert "Traceback" not in node.output()
+    finally:
+        node.stop()

@@ -483,7 +483,7 @@ GET_ORDER = [
     "cluster-port-offset", "cluster-password", "tls-port", "tls-cert-file", "tls-key-file",
     "tls-key-file-pass", "tls-ca-cert-file", "tls-ca-cert-dir", "tls-auth-clients",
     "tls-protocols", "tls-ciphers", "tls-prefer-server-ciphers", "tls-session-caching",
-    "tls-handshake-timeout", "tls-cluster", "http-port", "http-password",
+    "tls-handshake-timeout", "tls-cluster", "tls-http", "http-port", "http-password",
     "metrics-max-queues", "http-idle-timeout", "http-body-timeout",
 ]
 
