@@ -78,8 +78,13 @@ class AsyncClient(ClientBase):
     def _pool(self, node: Node) -> aioredis.ConnectionPool:
         pool = self._pools.get(node.addr)
         if pool is None:
-            pool = aioredis.ConnectionPool(host=node.host, port=node.port,
-                                           **self.pool_options(node))
+            if self.tls:
+                pool = aioredis.ConnectionPool(host=node.host, port=node.port,
+                                               connection_class=aioredis.SSLConnection,
+                                               **self.pool_options(node))
+            else:
+                pool = aioredis.ConnectionPool(host=node.host, port=node.port,
+                                               **self.pool_options(node))
             self._pools[node.addr] = pool
         return pool
 

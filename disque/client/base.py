@@ -27,7 +27,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from disque.client.errors import AuthError, DisqueConnectionError, DisqueError
-from disque.client.nodes import LEAVING_PRIORITY, Node, NodeTable, parse_nodes, url_password
+from disque.client.nodes import (
+    LEAVING_PRIORITY,
+    Node,
+    NodeTable,
+    parse_nodes,
+    url_password,
+    url_tls,
+)
 from disque.client.replies import Hello
 
 _hiredis_pack: Any  # hiredis' C function, or None
@@ -83,7 +90,7 @@ class ClientBase:
                  connect_timeout: float = 2.0, retries: int = 3, hello_interval: float = 30.0,
                  cooldown: float = 5.0, discover: bool = True, client_name: str | None = None,
                  max_connections: int | None = None, rng: random.Random | None = None,
-                 **connection_kwargs: Any) -> None:
+                 ssl: bool = False, **connection_kwargs: Any) -> None:
         self.table = NodeTable(parse_nodes(nodes), cooldown=cooldown, rng=rng)
         self.seeds = [n.addr for n in self.table.nodes.values()]
         self.retries = retries
@@ -103,6 +110,10 @@ class ClientBase:
         if max_connections is not None:
             kwargs["max_connections"] = max_connections
         self.connection_kwargs = kwargs
+        # TLS (`ssl=True`, or a disque+tls:// / rediss:// URL) to every node, the ones HELLO
+        # lists too; redis-py's ssl_* keywords (ssl_ca_certs, ssl_certfile, ssl_keyfile,
+        # ssl_cert_reqs, ssl_check_hostname, ...) go to its SSL connection class
+        self.tls = ssl or url_tls(nodes) or any(k.startswith("ssl_") for k in kwargs)
         self.protocol = protocol  # as the user gave it: None lets a node choose (see below)
         self.resp2_nodes: set[str] = set()  # addresses that refused HELLO 3: spoken RESP2
         self.node: Node | None = None  # the node commands go to; None until connected

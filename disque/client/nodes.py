@@ -88,15 +88,17 @@ def parse_addr(text: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
 def parse_nodes(spec: str | Iterable[str]) -> list[tuple[str, int]]:
     """The node list the user gives, in any of its forms, as (host, port) pairs in order.
 
-    Accepted: `"disque://h1:7711,h2:7712"`, `"h1:7711,h2:7712"`, `["h1:7711", "h2"]`; a
-    missing port is 7711. Duplicates are dropped."""
+    Accepted: `"disque://h1:7711,h2:7712"` (or `disque+tls://`, `redis://`, `rediss://`:
+    `url_tls` tells TLS), `"h1:7711,h2:7712"`, `["h1:7711", "h2"]`; a missing port is
+    7711. Duplicates are dropped."""
     items: list[str] = []
     if isinstance(spec, str):
         text = spec.strip()
         if "://" in text:
             url = urlsplit(text)
-            if url.scheme not in ("disque", "redis"):
-                raise ValueError(f"unsupported URL scheme {url.scheme!r}: use disque://")
+            if url.scheme not in URL_SCHEMES:
+                raise ValueError(f"unsupported URL scheme {url.scheme!r}: use disque:// "
+                                 f"(or disque+tls:// for TLS)")
             netloc = url.netloc.rpartition("@")[2]  # credentials are passed separately
             text = netloc
         items = text.split(",")
@@ -112,6 +114,16 @@ def parse_nodes(spec: str | Iterable[str]) -> list[tuple[str, int]]:
     if not out:
         raise ValueError("no node address given")
     return out
+
+
+URL_SCHEMES = {"disque": False, "redis": False, "disque+tls": True, "rediss": True}
+
+
+def url_tls(spec: str | Iterable[str]) -> bool:
+    """Whether the node list is a URL whose scheme asks for TLS (disque+tls://, rediss://)."""
+    if isinstance(spec, str) and "://" in spec:
+        return URL_SCHEMES.get(urlsplit(spec.strip()).scheme, False)
+    return False
 
 
 def url_password(spec: str | Iterable[str]) -> str | None:

@@ -60,8 +60,9 @@ class Client(ClientBase):
     `connect_timeout`, `retries` (resends of a safe command after a failure),
     `hello_interval` (seconds between HELLO refreshes), `cooldown` (seconds a failed node is
     tried last), `discover` (False: use only the given nodes, not what HELLO lists),
-    `client_name`, `max_connections` (per node pool); other keywords go to redis-py's
-    connection class."""
+    `client_name`, `max_connections` (per node pool), `ssl` (TLS to every node; also
+    `disque+tls://` URLs, and implied by redis-py's `ssl_ca_certs`, `ssl_certfile`,
+    `ssl_keyfile`...); other keywords go to redis-py's connection class."""
 
     def __init__(self, nodes: NodesSpec, **kwargs: Any) -> None:
         super().__init__(nodes, **kwargs)
@@ -79,8 +80,13 @@ class Client(ClientBase):
             with self._lock:
                 pool = self._pools.get(node.addr)
                 if pool is None:
-                    pool = redis.ConnectionPool(host=node.host, port=node.port,
-                                                **self.pool_options(node))
+                    if self.tls:
+                        pool = redis.ConnectionPool(host=node.host, port=node.port,
+                                                    connection_class=redis.SSLConnection,
+                                                    **self.pool_options(node))
+                    else:
+                        pool = redis.ConnectionPool(host=node.host, port=node.port,
+                                                    **self.pool_options(node))
                     self._pools[node.addr] = pool
         return pool
 

@@ -282,3 +282,47 @@ def test_tls_http_serves_metrics_and_the_api_over_https_only(tmp_path: Path, pki
         assert "Traceback" not in node.output()
     finally:
         node.stop()
+
+
+def test_the_python_client_speaks_tls_sync_and_async(tmp_path: Path, pki: Pki) -> None:
+    import asyncio
+
+    from disque.client import AsyncClient, Client
+
+    port = free_port()
+    node = DisqueProcess(tmp_path / "node", args=[
+        "--port", "0", "--tls-port", str(port), "--tls-cert-file", str(pki.server_crt),
+        "--tls-key-file", str(pki.server_key), "--tls-ca-cert-file", str(pki.ca),
+        "--tls-auth-clients", "optional"])
+    node.start(wait=False)
+    # (TLS only: HELLO lists the TLS port, which discovery then uses, with TLS)
+    try:
+        wait_for(lambda: not refused(port, pki), what="the TLS-only node")
+        with Client(f"disque+tls://127.0.0.1:{port}", ssl_ca_certs=str(pki.ca)) as c:
+            jid = c.add_job("clientq", "sync over tls")
+            jobs = c.get_job("clientq", timeout=5000)
+            assert [(j.id, j.body) for j in jobs] == [(jid, b"sync over tls")]
+            assert c.ack_job(jid) == 1
+            assert [n.port for n in c.nodes] == [port]
+        # a client certificate, with ssl=True and redis-py's keywords
+        with Client([f"127.0.0.1:{port}"], ssl=True, ssl_ca_certs=str(pki.ca),
+                    ssl_certfile=str(pki.client_crt), ssl_keyfile=str(pki.client_key)) as c:
+            assert c.execute_command("PING") in (b"PONG", "PONG", True)
+
+        async def run() -> None:
+            c = AsyncClient(f"rediss://127.0.0.1:{port}", ssl_ca_certs=str(pki.ca))
+            try:
+                jid = await c.add_job("clientq", "async over tls")
+                jobs = await c.get_job("clientq", timeout=5000)
+                assert [j.id for j in jobs] == [jid]
+                assert await c.ack_job(jid) == 1
+            finally:
+                await c.close()
+        asyncio.run(run())
+        # and a plain client to the TLS port fails cleanly
+        with Client([f"127.0.0.1:{port}"], connect_timeout=2, socket_timeout=2, retries=0) as c:
+            with pytest.raises(Exception) as info:
+                c.add_job("clientq", "plain")
+            assert "Traceback" not in str(info.value)
+    finally:
+        node.stop()
