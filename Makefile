@@ -175,7 +175,7 @@ typecheck: $(STAMP)
 
 # A local N-node cluster (default 3) on ports PORT.. (bus on +10000), in run/cluster/node-PORT.
 cluster: install
-	$(PY) -m disque.tools.cluster start --nodes $(N) --port $(PORT)
+	$(PY) -m disque.tools.cluster start --nodes $(N) --port $(PORT) $(if $(TLS),--tls)
 
 cluster-stop: install
 	$(PY) -m disque.tools.cluster stop

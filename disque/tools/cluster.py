@@ -17,6 +17,13 @@ same directory brings the same nodes back: their identities and peers are in the
 The bus of each node listens on port + 10000, on 127.0.0.1 only (the server's default bind).
 Each node also serves its dashboard and /metrics on port + 1000 (`--http-offset`, 0 = off);
 `start` prints the dashboard addresses.
+
+`start --tls` (`make cluster TLS=1`) makes a throwaway CA and a certificate per node (and a
+client certificate) under `<dir>/tls` with the openssl tool, and runs every node with the
+bus over mutual TLS (`tls-cluster yes`), HTTPS on the HTTP side (`tls-http yes`) and a TLS
+client port at port + 2000 (`--tls-offset`) beside its plain one (which this tool, on
+127.0.0.1, talks to); clients may present the client certificate (`tls-auth-clients
+optional`). It prints the `redis-cli --tls` line to use.
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ from pathlib import Path
 from typing import Any
 
 import hiredis
+
+from disque.tools.certs import CertError, make_ca, make_cert
 
 DEFAULT_DIR = "run/cluster"
 DEFAULT_PORT = 7711
@@ -182,9 +191,18 @@ def start(args: argparse.Namespace) -> int:
         for p in (port, port + 10000, *((port + http,) if http else ())):
             if not port_free(p):
                 raise ToolError(f"port {p} is already in use on {HOST}")
+    tls = args.tls_offset if args.tls else 0
+    if tls and ports[-1] + tls > 65535:
+        raise ToolError("ports too high for --tls-offset: port + offset must be <= 65535")
+    if tls:
+        for port in ports:
+            if not port_free(port + tls):
+                raise ToolError(f"port {port + tls} is already in use on {HOST}")
+        ca = make_tls_files(base, ports)
     for port in ports:
         spawn(port, node_dir(base, port), args.timeout,
-              extra + (["--http-port", str(port + http)] if http else []))
+              extra + (["--http-port", str(port + http)] if http else [])
+              + (tls_args(base, ca, port, tls) if tls else []))
 
     deadline = time.monotonic() + args.wait
     for port in ports:
@@ -218,10 +236,44 @@ def start(args: argparse.Namespace) -> int:
         print(f"{HOST}:{port} {node_id} {node_dir(base, port)}")
     print(f"{len(ports)} node(s) in a full mesh; the bus listens on port + 10000. "
           f"Stop them with: python -m disque.tools.cluster stop --dir {base}")
+    scheme = "https" if tls else "http"
     if http:
-        print(f"dashboard: http://{HOST}:{ports[0] + http}/ (every node serves one, and "
+        print(f"dashboard: {scheme}://{HOST}:{ports[0] + http}/ (every node serves one, and "
               f"/metrics, on its port + {http})")
+    if tls:
+        t = base / "tls"
+        print(f"TLS: the bus is mutual TLS; each node's TLS client port is its port + {tls}; "
+              f"certificates in {t}:")
+        print(f"  redis-cli -p {ports[0] + tls} --tls --cacert {t / 'ca.crt'} PING")
+        if http:
+            print(f"  curl --cacert {t / 'ca.crt'} https://{HOST}:{ports[0] + http}/metrics")
     return 0
+
+
+def make_tls_files(base: Path, ports: list[int]) -> Path:
+    """A throwaway CA and one certificate per node under <base>/tls (kept when present, so
+    that a restart of the same cluster keeps its certificates): the CA's path."""
+    t = base / "tls"
+    t.mkdir(parents=True, exist_ok=True)
+    try:
+        if not (t / "ca.crt").exists():
+            make_ca(t, "ca")
+        for port in ports:
+            if not (t / f"node-{port}.crt").exists():
+                make_cert(t, f"node-{port}", "ca", f"node-{port}")
+        if not (t / "client.crt").exists():
+            make_cert(t, "client", "ca", "client", node=False)
+    except CertError as exc:
+        raise ToolError(str(exc)) from None
+    return t / "ca.crt"
+
+
+def tls_args(base: Path, ca: Path, port: int, offset: int) -> list[str]:
+    t = (base / "tls").resolve()
+    return ["--tls-port", str(port + offset), "--tls-cluster", "yes", "--tls-http", "yes",
+            "--tls-cert-file", str(t / f"node-{port}.crt"),
+            "--tls-key-file", str(t / f"node-{port}.key"),
+            "--tls-ca-cert-file", str(ca.resolve()), "--tls-auth-clients", "optional"]
 
 
 def stop(args: argparse.Namespace) -> int:
@@ -283,6 +335,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--password", default="", help="cluster-password for every node")
     s.add_argument("--wait", type=float, default=30.0, metavar="SECONDS",
                    help="how long to wait for the nodes and the full mesh (default 30)")
+    s.add_argument("--tls", action="store_true",
+                   help="make a throwaway CA and a certificate per node under <dir>/tls, and "
+                        "run the nodes with tls-cluster, tls-http and a TLS client port")
+    s.add_argument("--tls-offset", type=int, default=2000, metavar="N",
+                   help="with --tls, each node's tls-port is its port + N (default 2000)")
     s.add_argument("--http-offset", type=int, default=1000, metavar="N",
                    help="each node's http-port (dashboard, /metrics) is its port + N; "
                         "0 turns HTTP off (default 1000)")

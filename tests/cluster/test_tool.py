@@ -22,8 +22,8 @@ N = 3
 
 
 def free_port_range(n: int) -> int:
-    """A base port such that base..base+n-1, their bus ports and their HTTP ports (port +
-    1000, the tool's default) are all free."""
+    """A base port such that base..base+n-1, their bus ports, their HTTP ports (port +
+    1000, the tool's default) and their TLS ports (port + 2000) are all free."""
     def bindable(port: int) -> bool:
         with socket.socket() as s:
             try:
@@ -36,6 +36,7 @@ def free_port_range(n: int) -> int:
         base = free_port()
         if base + n - 1 + 10000 <= 65535 and all(
                 bindable(p) and bindable(p + 10000) and bindable(p + 1000)
+                and bindable(p + 2000)
                 for p in range(base, base + n)):
             return base
     raise RuntimeError(f"no {n} consecutive free port pairs")
@@ -128,3 +129,36 @@ def test_tool_refuses_a_port_in_use(run_dir):
     assert done.returncode == 1
     assert f"port {port + 1} is already in use" in done.stderr
     assert not list(run_dir.glob("node-*/disque.pid")), "nothing was started"
+
+
+def test_tool_tls_makes_certificates_and_a_tls_cluster(run_dir):
+    """`make cluster TLS=1`: a throwaway CA and per-node certificates, the bus over mutual
+    TLS, HTTPS, a TLS client port; the printed redis-cli line works."""
+    import ssl
+
+    base = free_port_range(N)
+    out = tool("start", "--nodes", str(N), "--port", str(base), "--dir", str(run_dir),
+               "--tls", "--wait", "60")
+    assert out.returncode == 0, out.stderr
+    ca = run_dir / "tls" / "ca.crt"
+    line = next(x for x in out.stdout.splitlines() if "redis-cli" in x).split()
+    assert line[:3] == ["redis-cli", "-p", str(base + 2000)] and str(ca) in line, line
+    done = subprocess.run(line, capture_output=True, text=True, timeout=30)
+    assert done.stdout.strip() == "PONG", done
+    ctx = ssl.create_default_context(cafile=str(ca))
+    with urllib.request.urlopen(f"https://127.0.0.1:{base + 1000}/metrics", context=ctx,
+                                timeout=10) as resp:
+        assert resp.status == 200
+    # the bus speaks TLS only
+    with socket.create_connection(("127.0.0.1", base + 10000), timeout=10) as sock:
+        sock.sendall(b"\x00" * 64)
+        sock.settimeout(10)
+        try:
+            while sock.recv(4096):
+                pass
+        except ConnectionResetError:
+            pass
+    log = (run_dir / f"node-{base}" / "log.txt").read_text()
+    wait_for(lambda: "bus.tls_refused" in (run_dir / f"node-{base}" / "log.txt").read_text(),
+             what="the plain bus connection refused")
+    assert "Traceback" not in log
