@@ -4,6 +4,7 @@ client certificates, and a second CA whose certificates the first does not trust
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,3 +44,18 @@ def make_pki(where: Path) -> Pki:
     rogue_crt, rogue_key = make_cert(where, "rogue", "rogue-ca", "rogue")
     return Pki(where, ca, server_crt, server_key, renewed_crt, other_crt, other_key,
                locked_key, locked_crt, client_crt, client_key, rogue_ca, rogue_crt, rogue_key)
+
+
+def closed_by_peer(s: socket.socket, timeout: float = 10.0) -> bool:
+    """Read until the node closes the connection (a TLS alert may come first): True if it
+    did within `timeout`, and nothing but an alert was sent."""
+    s.settimeout(timeout)
+    got = b""
+    try:
+        while chunk := s.recv(4096):
+            got += chunk
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        pass
+    return not got or got[:1] == b"\x15"  # (nothing, or a TLS alert record)

@@ -18,7 +18,7 @@ import redis
 
 from tests.harness import REPO, DisqueProcess, free_port, wait_for
 from tests.integration.resp import Conn
-from tests.tlscerts import KEY_PASSWORD, Pki, make_pki
+from tests.tlscerts import KEY_PASSWORD, Pki, closed_by_peer, make_pki
 
 
 @pytest.fixture(scope="module")
@@ -80,21 +80,6 @@ def refused(port: int, pki: Pki, **kw: Any) -> bool:
             return ping(s) != b"+PONG\r\n"
     except (ssl.SSLError, OSError):
         return True
-
-
-def closed_by_peer(s: socket.socket, timeout: float = 10.0) -> bool:
-    """Read until the node closes the connection (a TLS alert may come first): True if it
-    did within `timeout`, and nothing but an alert was sent."""
-    s.settimeout(timeout)
-    got = b""
-    try:
-        while chunk := s.recv(4096):
-            got += chunk
-    except TimeoutError:
-        return False
-    except ConnectionResetError:
-        pass
-    return not got or got[:1] == b"\x15"  # (nothing, or a TLS alert record)
 
 
 def info(node: DisqueProcess, section: str) -> dict[str, str]:
