@@ -391,11 +391,17 @@ class _FileName(_Kind):
 class _Path(_String):
     """A file or directory, kept absolute when read from the config file or the command
     line: relative to where the server started, or to `dir` once a `dir` line came before
-    (the original chdirs there at parse time); with CONFIG SET, relative to `dir`."""
+    (the original chdirs there at parse time); with CONFIG SET, relative to `dir`, and made
+    absolute there too."""
 
     def parse_file(self, args: list[str], cwd: str) -> str:
         path = self.parse(args[0])
         return path if not path or os.path.isabs(path) else os.path.join(cwd, path)
+
+    def parse_set(self, value: str) -> str:
+        # absolute at once, so CONFIG REWRITE writes what loads back to the same file
+        path = self.parse(value)
+        return path if not path or os.path.isabs(path) else os.path.abspath(path)
 
 
 class _IP(_Kind):

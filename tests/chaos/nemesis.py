@@ -18,7 +18,9 @@ The nemeses (`NEMESES`):
   random running node every 2-4 s, each killed node restarted 2-6 s later (empty, no AOF),
   with up to REPLICATE-1 (2) nodes down at once; the survivors repair the copies of a down
   node after `repair-grace` (disque.cluster.repair) and re-replicate to a restarted one;
-- `random-kill-aof`: the same with `appendonly yes`, `appendfsync everysec`.
+- `random-kill-aof`: the same with `appendonly yes`, `appendfsync everysec`;
+- `kill-tls`: `kill` on a cluster whose bus is mutual TLS (`tls-cluster yes`, certificates
+  from a throwaway CA made for the run).
 
 Except for the random kills, a fault lasts until the cluster has noticed it (the others see the node unreachable) and
 the producers made progress; after healing, the next fault waits for the full mesh and more
@@ -41,12 +43,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from disque.tools.certs import make_ca, make_cert
 from tests.chaos.history import Workers
 from tests.chaos.partition import BusProxies
 from tests.cluster.conftest import Cluster, cluster_nodes, cmd, myid, ok, parse_fields
 from tests.harness import DisqueProcess, free_port, wait_for
 
-NEMESES = ("kill", "kill-aof", "pause", "partition", "random-kill", "random-kill-aof")
+NEMESES = ("kill", "kill-aof", "pause", "partition", "random-kill", "random-kill-aof",
+           "kill-tls")
 NODES = 5
 NODE_TIMEOUT = 1000  # ms
 REPAIR_GRACE = 300  # ms: well under NODE_TIMEOUT (disque.cluster.repair)
@@ -294,7 +298,7 @@ class RandomKillNemesis(Nemesis):
 NEMESIS_CLASSES: dict[str, type[Nemesis]] = {
     "kill": KillNemesis, "kill-aof": KillNemesis, "pause": PauseNemesis,
     "partition": PartitionNemesis, "random-kill": RandomKillNemesis,
-    "random-kill-aof": RandomKillNemesis,
+    "random-kill-aof": RandomKillNemesis, "kill-tls": KillNemesis,
 }
 
 
@@ -302,6 +306,8 @@ def run_chaos(nemesis: str, seconds: float, workdir: Path, seed: int = 1,
               node_args: tuple[str, ...] = ()) -> RunResult:
     """One chaos run; the cluster and the workers are gone when it returns. `node_args`:
     more options for every node (e.g. `--repair-rate 0` to compare)."""
+    if nemesis.endswith("-tls"):
+        node_args = (*tls_cluster_args(workdir / "tls"), *node_args)
     c = ChaosCluster(workdir, aof=nemesis.endswith("-aof"), proxied=nemesis == "partition",
                      node_args=node_args)
     workers: Workers | None = None
@@ -332,6 +338,15 @@ def run_chaos(nemesis: str, seconds: float, workdir: Path, seed: int = 1,
         if workers is not None:
             workers.stop()
         c.close()
+
+
+def tls_cluster_args(where: Path) -> tuple[str, ...]:
+    """A throwaway CA and one node certificate (every node presents the same one: the bus
+    checks the chain, not the name) for `tls-cluster yes`."""
+    ca, _ = make_ca(where, "ca")
+    crt, key = make_cert(where, "node", "ca", "node")
+    return ("--tls-cluster", "yes", "--tls-cert-file", str(crt), "--tls-key-file", str(key),
+            "--tls-ca-cert-file", str(ca))
 
 
 def drain(h: Any) -> None:

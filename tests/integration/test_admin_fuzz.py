@@ -23,8 +23,15 @@ from tests.integration.resp import Conn, Err, Status, encode
 CONF = "# admin fuzz\nloglevel notice\n"
 
 
-def restart(proc: DisqueProcess) -> None:
-    """Stop the server and start it again from its (possibly rewritten) config file."""
+def restart(proc: DisqueProcess, controlled: bool = False) -> None:
+    """Stop the server and start it again from its (possibly rewritten) config file;
+    `controlled`: with SHUTDOWN REWRITE-AOF, the documented controlled restart (with
+    aof-enqueue-jobs-once yes a start without an AOF is refused)."""
+    if controlled:
+        with Conn(proc.port, timeout=30) as c:
+            c.send_cmd("SHUTDOWN", "REWRITE-AOF")
+        assert proc.proc is not None
+        proc.proc.wait(timeout=30)
     proc.stop()
     conf = str(proc.workdir / "disque.conf")
     # the file as the server rewrote it (DisqueProcess.start would write config_text over it)
@@ -345,7 +352,7 @@ def test_admin_fuzz_never_answers_an_internal_error_and_rewrites_restart(
                 assert c.cmd("CONFIG", "REWRITE") == Status("OK"), cmd
                 before = config_all(c)
                 c.close()
-                restart(proc)
+                restart(proc, controlled=before[b"aof-enqueue-jobs-once"] == b"yes")
                 c = Conn(proc.port, timeout=10)
                 after = config_all(c)
                 before.pop(b"watchdog-period")  # not a config file directive
