@@ -68,7 +68,7 @@ from disque.tools.ports import free_port  # noqa: F401 - also used by benchmarks
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIOS = ("ping", "addjob", "getjob", "e2e", "cluster", "sizes", "restart", "downnode",
-             "memory", "spark", "aof")
+             "memory", "spark", "aof", "tls")
 BODY16 = "0123456789abcdef"
 
 
@@ -148,13 +148,14 @@ DISQUE_CMD = [sys.executable, "-m", "disque"]
 
 
 def disque_server(workdir: Path, cpus: set[int] | None, cmd: list[str] | None = None,
-                  flavor: str = "disque") -> Server:
+                  flavor: str = "disque", extra: list[str] | None = None) -> Server:
     """A disque-py node, or with `cmd` the original disque-server (flavor "original"): both
-    take the same --port / --dir / --maxmemory options."""
+    take the same --port / --dir / --maxmemory options; `extra`: more options."""
     port = free_port()
     d = workdir / f"{flavor}-{port}"
     d.mkdir(parents=True)
-    argv = [*(cmd or DISQUE_CMD), "--port", str(port), "--dir", str(d), "--maxmemory", "4gb"]
+    argv = [*(cmd or DISQUE_CMD), "--port", str(port), "--dir", str(d), "--maxmemory", "4gb",
+            *(extra or [])]
     return Server(flavor, argv, port, d, cpus)
 
 
@@ -214,15 +215,16 @@ def parse_redis_benchmark(out: bytes) -> Load:
 
 
 def _redis_benchmark_cmd(port: int, command: list[str], n: int, pipeline: int,
-                         clients: int) -> list[str]:
+                         clients: int, tls: list[str] | None = None) -> list[str]:
     exe = shutil.which("redis-benchmark") or "redis-benchmark"
     return [exe, "-h", "127.0.0.1", "-p", str(port), "-c", str(clients), "-n", str(n),
-            "-P", str(pipeline), *command]
+            "-P", str(pipeline), *(tls or []), *command]
 
 
 def redis_benchmark(port: int, command: list[str], n: int, pipeline: int, clients: int,
-                    time_limit: float) -> Load:
-    cmd = _redis_benchmark_cmd(port, command, n, pipeline, clients)
+                    time_limit: float, tls: list[str] | None = None) -> Load:
+    """One redis-benchmark run; `tls`: its TLS options (--tls --cacert ...)."""
+    cmd = _redis_benchmark_cmd(port, command, n, pipeline, clients, tls)
     t0 = time.monotonic()
     try:
         cp = subprocess.run(cmd, capture_output=True, timeout=time_limit, check=False)
@@ -455,7 +457,7 @@ def _reachable(port: int) -> int:
 
 def start_cluster(workdir: Path, cpus: set[int] | None, size: int = CLUSTER_SIZE,
                   timeout: float = 30.0, cmd: list[str] | None = None,
-                  flavor: str = "disque") -> list[Server]:
+                  flavor: str = "disque", extra: list[str] | None = None) -> list[Server]:
     """`size` fresh nodes (disque-py, or the original with `cmd`: both answer CLUSTER MEET
     and CLUSTER INFO's cluster_reachable_nodes); every node meets the first, gossip completes
     the mesh. Returns once every node sees size - 1 reachable nodes. The caller stops the
@@ -463,7 +465,7 @@ def start_cluster(workdir: Path, cpus: set[int] | None, size: int = CLUSTER_SIZE
     servers: list[Server] = []
     try:
         for _ in range(size):  # started one by one: each picks its free port pair while free
-            servers.append(disque_server(workdir, cpus, cmd, flavor).start())
+            servers.append(disque_server(workdir, cpus, cmd, flavor, extra).start())
         for s in servers[1:]:
             with Client(s.port) as c:
                 c.call("CLUSTER", "MEET", "127.0.0.1", servers[0].port)
@@ -1006,6 +1008,7 @@ def main(argv: list[str] | None = None) -> int:
     aof: dict[str, Any] = {}
     restart: dict[str, Any] = {}
     downnode: dict[str, Any] = {}
+    tls: dict[str, Any] = {}
     harness_error: str | None = None
     disque_error: str | None = None
     original_error: str | None = None
@@ -1015,7 +1018,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             load_scenarios = [s for s in a.only
                               if s not in ("memory", "cluster", "restart", "downnode",
-                                           "spark", "aof")]
+                                           "spark", "aof", "tls")]
             if load_scenarios:
                 r = redis_server(work, server_cpus)
                 lineup: Lineup = [("disque", disque_server(work, server_cpus)), ("redis", r)]
@@ -1080,6 +1083,9 @@ def main(argv: list[str] | None = None) -> int:
             if "downnode" in a.only:
                 from benchmarks.downnode import scenario_downnode
                 downnode = scenario_downnode(work, server_cpus, _say, original_cmd, a.quick)
+            if "tls" in a.only:
+                from benchmarks.tls import scenario_tls
+                tls = scenario_tls(work, server_cpus, o, a.quick, _say)
             if "aof" in a.only:
                 from benchmarks.aof import AofOptions, scenario_aof
                 aof_rows, aof = scenario_aof(work, server_cpus, o, AofOptions(
@@ -1112,6 +1118,9 @@ def main(argv: list[str] | None = None) -> int:
     if aof:
         from benchmarks.aof import print_aof
         print_aof(aof)
+    if tls:
+        from benchmarks.tls import print_tls
+        print_tls(tls, _say)
     if disque_error and not any(row.disque.ok for row in rows):
         _say("disque-py numbers are pending: the server did not run (see above).")
     doc = {
@@ -1134,6 +1143,7 @@ def main(argv: list[str] | None = None) -> int:
         "aof": aof,
         "restart": restart,
         "downnode": downnode,
+        "tls": tls,
         "targets": targets,
         "disque_error": disque_error,
         "original_error": original_error,
