@@ -4,6 +4,8 @@
 - One node: ADDJOB (disque-py) and LPUSH (redis-server, Debian's build has TLS) at
   pipeline 1 and 16 from `clients` connections, on the plain port and on the TLS port
   (`redis-benchmark --tls --cacert`); the TLS rate over the plain rate, for each.
+- A PING client's p99 alone and while 200 clients keep making TLS handshakes on the TLS
+  port (the handshakes must not stall the loop for others).
 - Three nodes: ADDJOB REPLICATE 3 (pipeline 1 and 16) against node 0's plain client port,
   on a cluster with a plain bus and on one with `tls-cluster yes`: what the encrypted bus
   costs a replicated write.
@@ -15,6 +17,10 @@ plain >= redis's / plain) on the one-node rows.
 
 from __future__ import annotations
 
+import socket
+import ssl
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +37,7 @@ from disque.tools.certs import make_ca, make_cert
 from disque.tools.ports import free_port
 
 PIPELINES = (1, 16)
+HANDSHAKERS = 200  # clients making TLS handshakes while a PING client measures its latency
 
 
 def _ratio(tls: Load, plain: Load) -> float | None:
@@ -42,6 +49,44 @@ def _ratio(tls: Load, plain: Load) -> float | None:
 def _cell(load: Load) -> dict[str, Any]:
     return {"rps": load.rps, "p50_ms": load.p50_ms, "p99_ms": load.p99_ms, "error": load.error,
             "partial": load.partial}
+
+
+def ping_under_handshakes(port: int, tls_port: int, ca: Path, o: Options, say: Any,
+                          storm: int = HANDSHAKERS) -> dict[str, Any]:
+    """PING latency of one plain client, alone and while `storm` threads keep making TLS
+    handshakes (connect, handshake, close, again) on the TLS port: the handshakes must not
+    stall the event loop for other clients."""
+    ctx = ssl.create_default_context(cafile=str(ca))
+    ctx.check_hostname = False
+    stop = threading.Event()
+    done = [0]
+
+    def handshaker() -> None:
+        while not stop.is_set():
+            try:
+                with socket.create_connection(("127.0.0.1", tls_port), timeout=10) as raw, \
+                        ctx.wrap_socket(raw):
+                    done[0] += 1
+            except OSError:
+                time.sleep(0.01)
+
+    n = 20_000
+    alone = redis_benchmark(port, ["PING"], n, 1, 1, o.time_limit)
+    threads = [threading.Thread(target=handshaker, daemon=True) for _ in range(storm)]
+    for t in threads:
+        t.start()
+    t0 = time.monotonic()
+    try:
+        during = redis_benchmark(port, ["PING"], n, 1, 1, o.time_limit)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+    rate = done[0] / (time.monotonic() - t0)
+    say(f"  tls PING p99 alone {alone.p99_ms} ms, during {storm} handshaking clients "
+        f"({rate:,.0f} handshakes/s) {during.p99_ms} ms")
+    return {"alone": _cell(alone), "during": _cell(during), "handshakers": storm,
+            "handshakes_per_s": round(rate)}
 
 
 def scenario_tls(workdir: Path, cpus: set[int] | None, o: Options, quick: bool,
@@ -69,6 +114,7 @@ def scenario_tls(workdir: Path, cpus: set[int] | None, o: Options, quick: bool,
     try:
         node.start()
         loads(node.port, tls_port, ["ADDJOB", "q", "0123456789abcdef", "0"], "disque")
+        out["handshakes"] = ping_under_handshakes(node.port, tls_port, ca, o, say)
     finally:
         node.stop()
     rtls = free_port()
@@ -121,6 +167,10 @@ def print_tls(out: dict[str, Any], say: Any = print) -> None:
             say(f"  3 nodes R3 {key:<14} {value['rps'] or 0:>10,.0f}/s  p99 {value['p99_ms']} ms")
         else:
             say(f"  3 nodes R3 {key:<14} {value}")
+    hs = out.get("handshakes")
+    if hs:
+        say(f"  PING p99 alone {hs['alone']['p99_ms']} ms, while {hs['handshakers']} clients "
+            f"make TLS handshakes ({hs['handshakes_per_s']:,}/s) {hs['during']['p99_ms']} ms")
     for target in out["targets"]:
         verdict = {True: "PASS", False: "MISS", None: "n/a "}[target["ok"]]
         say(f"  {verdict}  {target['target']} ({target['ours']} vs {target['redis']})")

@@ -59,3 +59,9 @@ def closed_by_peer(s: socket.socket, timeout: float = 10.0) -> bool:
     except ConnectionResetError:
         pass
     return not got or got[:1] == b"\x15"  # (nothing, or a TLS alert record)
+
+
+def tls_only_args(pki: Pki, tls_port: int, *extra: str) -> list[str]:
+    """A node serving TLS only (port 0) with the PKI's node certificate and CA."""
+    return ["--port", "0", "--tls-port", str(tls_port), "--tls-cert-file", str(pki.server_crt),
+            "--tls-key-file", str(pki.server_key), "--tls-ca-cert-file", str(pki.ca), *extra]

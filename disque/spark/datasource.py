@@ -19,7 +19,8 @@ the only column), `bodyFormat` (`raw` | `json`), `replicate`, `retry`, `ttl`, `d
 `maxlen`, `async`, `timeoutMs`, `batchSize` (500), `dedup` (true), `dedupKeyColumn`,
 `dedupPrefix`, `maxAttempts`, `connections` (per partition; default 1, or 8 for synchronous
 replicated batches to a node without ADDJOBS, which gets pipelined ADDJOBs), `password`
-(else the one of a `disque://:secret@...` nodes URL), `failOnError`.
+(else the one of a `disque://:secret@...` nodes URL), `failOnError`; TLS: `tls` (true, or
+a `disque+tls://` nodes URL), `tlsCaCertFile`, `tlsCertFile`, `tlsKeyFile` (both ways).
 
 Streaming reader (at-least-once)
 --------------------------------
@@ -72,7 +73,7 @@ from pyspark.sql.datasource import (
 )
 
 from disque.client.errors import DisqueError
-from disque.client.nodes import url_password
+from disque.client.nodes import url_password, url_tls
 from disque.client.replies import Job
 from disque.client.sync import Client
 from disque.spark.producer import (
@@ -102,12 +103,13 @@ class DisqueWriteError(RuntimeError):
     """Rows of a partition could not be added after the retries."""
 
 
+TLS_OPTIONS = ("tls", "tlsCaCertFile", "tlsCertFile", "tlsKeyFile")
 WRITE_OPTIONS = ("nodes", "queue", "bodyColumn", "bodyFormat", "replicate", "retry", "ttl",
                  "delay", "maxlen", "async", "timeoutMs", "batchSize", "dedup",
                  "dedupKeyColumn", "dedupPrefix", "maxAttempts", "connections", "password",
-                 "failOnError")
+                 "failOnError", *TLS_OPTIONS)
 READ_OPTIONS = ("nodes", "queues", "maxJobsPerBatch", "fetchCount", "numPartitions",
-                "bodyType", "ack", "requeueOnStop", "password")
+                "bodyType", "ack", "requeueOnStop", "password", *TLS_OPTIONS)
 # the writer's integer options -> the ProducerConfig setting (and its LIMITS)
 WRITE_INTS = {"timeoutMs": "timeout_ms", "replicate": "replicate", "retry": "retry",
               "ttl": "ttl", "delay": "delay", "maxlen": "maxlen", "batchSize": "batch_size",
@@ -182,11 +184,20 @@ def _nodes(options: Mapping[str, str]) -> list[str]:
 
 
 def _client_options(options: Mapping[str, str]) -> dict[str, Any]:
-    """The password option, else the one of a `disque://:secret@...` nodes URL."""
+    """The password option, else the one of a `disque://:secret@...` nodes URL; TLS when
+    `tls` is true, the nodes URL is `disque+tls://` or a `tls*File` option is given (with
+    redis-py's ssl_* keywords for the files)."""
     out: dict[str, Any] = {}
-    password = options.get("password") or url_password(str(options.get("nodes") or ""))
+    nodes = str(options.get("nodes") or "")
+    password = options.get("password") or url_password(nodes)
     if password:
         out["password"] = password
+    if str(options.get("tls", "")).lower() in TRUE or url_tls(nodes):
+        out["ssl"] = True
+    for option, keyword in (("tlsCaCertFile", "ssl_ca_certs"), ("tlsCertFile", "ssl_certfile"),
+                            ("tlsKeyFile", "ssl_keyfile")):
+        if options.get(option):
+            out[keyword] = str(options[option])
     return out
 
 

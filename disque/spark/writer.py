@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from disque.client.nodes import url_password
+from disque.client.nodes import url_password, url_tls
 from disque.spark.producer import (
     PartitionProducer,
     ProducerConfig,
@@ -60,7 +60,9 @@ def write_jobs(df: DataFrame, queue: str, nodes: str | Iterable[str], body_col: 
 
     - `nodes`: `"h:p,h:p"`, `"disque://h:p,..."` or a list; partition p goes to
       `nodes[p % len(nodes)]` (the next node only if that one is down). The password of a
-      `disque://:secret@...` URL is used unless `password` is given.
+      `disque://:secret@...` URL is used unless `password` is given. A `disque+tls://`
+      URL connects with TLS; `client_options={"ssl_ca_certs": "ca.crt", ...}` gives the
+      client's TLS files (redis-py's ssl_* keywords; `"ssl": True` without a URL).
     - `body_col` / `body_format`: `"raw"` uses that column (string or binary), `"json"` the
       whole row as a JSON object; `body_fn(row)` computes the body instead.
     - `replicate`, `retry`, `ttl`, `delay`, `maxlen`, `async_`, `timeout_ms`: ADDJOB's
@@ -97,6 +99,8 @@ def write_jobs(df: DataFrame, queue: str, nodes: str | Iterable[str], body_col: 
     if protocol not in (None, 2, 3):
         raise ValueError(f"protocol must be 2 or 3, not {protocol!r}")
     password = password or url_password(nodes)  # normalize_nodes drops the URL's
+    if url_tls(nodes):  # (and its scheme: disque+tls:// means TLS)
+        client_options = dict(client_options or {}, ssl=True)
     cfg = ProducerConfig(
         nodes=node_list, queue=queue, timeout_ms=timeout_ms, replicate=replicate,
         retry=retry, ttl=ttl, delay=delay, maxlen=maxlen, async_=async_,

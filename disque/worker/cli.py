@@ -7,6 +7,7 @@ import asyncio
 import os
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from disque.client import AsyncClient, AuthError, Client, DisqueError, Job, Node, parse_nodes
 from disque.worker.core import WorkerCore
@@ -53,7 +54,9 @@ exit codes:
   2  bad command line, or the handler cannot be imported or is not callable
   3  forced by a second SIGTERM/SIGINT (running jobs were left to their RETRY)
 
-environment: DISQUE_NODES and DISQUE_PASSWORD are the defaults of --nodes and --password.
+environment: DISQUE_NODES and DISQUE_PASSWORD are the defaults of --nodes and --password;
+DISQUE_TLS, DISQUE_TLS_CA_CERT_FILE, DISQUE_TLS_CERT_FILE and DISQUE_TLS_KEY_FILE of the
+--tls options.
 
 example:
   disque-worker myapp.tasks:send_mail -q emails -q other -c 16 --nodes h1:7711,h2:7711
@@ -94,6 +97,18 @@ def parser() -> argparse.ArgumentParser:
                         "$DISQUE_NODES or 127.0.0.1:7711)")
     p.add_argument("--password", default=os.environ.get("DISQUE_PASSWORD"),
                    help="AUTH password of the nodes (default $DISQUE_PASSWORD)")
+    p.add_argument("--tls", action="store_true",
+                   default=os.environ.get("DISQUE_TLS", "") in ("1", "yes", "true"),
+                   help="connect with TLS (also a disque+tls:// --nodes URL, or any --tls-* "
+                        "option; default $DISQUE_TLS)")
+    p.add_argument("--tls-ca-cert-file", default=os.environ.get("DISQUE_TLS_CA_CERT_FILE"),
+                   metavar="FILE", help="CA certificates to verify the nodes with "
+                                        "(default $DISQUE_TLS_CA_CERT_FILE; else the system's)")
+    p.add_argument("--tls-cert-file", default=os.environ.get("DISQUE_TLS_CERT_FILE"),
+                   metavar="FILE", help="client certificate, for nodes with tls-auth-clients "
+                                        "(default $DISQUE_TLS_CERT_FILE)")
+    p.add_argument("--tls-key-file", default=os.environ.get("DISQUE_TLS_KEY_FILE"),
+                   metavar="FILE", help="its private key (default $DISQUE_TLS_KEY_FILE)")
     p.add_argument("--batch", type=_positive, default=1, metavar="N",
                    help="jobs per GETJOB (COUNT) for each thread or task (default 1)")
     p.add_argument("--timeout", type=_positive, default=1000, metavar="MS",
@@ -117,6 +132,16 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def tls_options(on: bool, ca: str | None, cert: str | None, key: str | None
+                ) -> dict[str, Any]:
+    """The client's TLS keywords (redis-py's ssl_* names) from the worker's options."""
+    opts: dict[str, Any] = {"ssl": True} if on else {}
+    for name, value in (("ssl_ca_certs", ca), ("ssl_certfile", cert), ("ssl_keyfile", key)):
+        if value:
+            opts[name] = value
+    return opts
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)  # exits 2 on a bad command line
     configure_logging(args.log_level, args.log_format)
@@ -127,7 +152,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"disque-worker: {exc}", file=sys.stderr)
         return EXIT_USAGE
     settings = Settings(handler_spec=args.handler, queues=tuple(args.queues), nodes=args.nodes,
-                        password=args.password, concurrency=args.concurrency,
+                        password=args.password, tls=tls_options(
+                            args.tls, args.tls_ca_cert_file, args.tls_cert_file,
+                            args.tls_key_file), concurrency=args.concurrency,
                         batch=args.batch, timeout_ms=args.timeout, burst=args.burst,
                         backoff=args.backoff, max_backoff=args.max_backoff)
     core = WorkerCore(burst=settings.burst, backoff_base=settings.backoff,
@@ -154,7 +181,7 @@ def _run_threads(handler: Callable[[Job], object], settings: Settings,
                  core: WorkerCore) -> int:
     from disque.worker.threads import ThreadedWorker
 
-    with Client(settings.nodes, password=settings.password) as client:
+    with Client(settings.nodes, password=settings.password, **settings.tls) as client:
         _started(settings, client.connect(), "threads")
         return ThreadedWorker(client, handler, settings.fetch(), core, log).run()
 
@@ -163,7 +190,8 @@ async def _run_async(handler: Callable[[Job], object], settings: Settings,
                      core: WorkerCore) -> int:
     from disque.worker.aio import AsyncWorker
 
-    async with AsyncClient(settings.nodes, password=settings.password) as client:
+    async with AsyncClient(settings.nodes, password=settings.password,
+                           **settings.tls) as client:
         _started(settings, await client.connect(), "asyncio")
         return await AsyncWorker(client, handler, settings.fetch(), core, log).run()
 

@@ -9,7 +9,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -36,6 +36,7 @@ class Settings:
     queues: tuple[str, ...]
     nodes: str
     password: str | None = None
+    tls: dict[str, Any] = field(default_factory=dict)  # the client's ssl_* keywords
     concurrency: int = 1
     batch: int = 1
     timeout_ms: int = 1000

@@ -40,14 +40,14 @@ QUEUE = "dashboard-q"
 JOBS = 7
 
 
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[Any]:
+@contextlib.contextmanager
+def chromium(tmp_path: Path, *extra: str) -> Iterator[Any]:
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
     for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                 "--no-first-run", "--disable-background-networking",
                 "--disable-component-update", "--disable-sync", "--window-size=1400,1000",
-                f"--user-data-dir={tmp_path / 'chromium'}"):
+                f"--user-data-dir={tmp_path / 'chromium'}", *extra):
         opts.add_argument(arg)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
@@ -56,6 +56,12 @@ def browser(tmp_path: Path) -> Iterator[Any]:
     finally:
         driver.quit()
         shutil.rmtree(tmp_path / "chromium", ignore_errors=True)
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Any]:
+    with chromium(tmp_path) as driver:
+        yield driver
 
 
 def with_http(c: Cluster) -> list[int]:
@@ -205,5 +211,46 @@ def test_dashboard_works_with_the_node_password(tmp_path: Path, browser: Any) ->
         assert len(browser.find_elements(By.CSS_SELECTOR, "#nodes tbody tr")) == 1
         errors = [e for e in console_errors(browser) if "401" not in e["message"]]
         assert not errors, errors
+    finally:
+        node.kill()
+
+
+def spki_pin(crt: Path) -> str:
+    """base64(sha256(SubjectPublicKeyInfo)) of a certificate, as chromium's
+    --ignore-certificate-errors-spki-list takes it: the browser then accepts exactly this
+    key (the test CA is not in its trust store)."""
+    import base64
+    import hashlib
+    import subprocess
+
+    pem = subprocess.run(["openssl", "x509", "-in", str(crt), "-pubkey", "-noout"],
+                         capture_output=True, check=True, timeout=30).stdout
+    der = subprocess.run(["openssl", "pkey", "-pubin", "-outform", "der"], input=pem,
+                         capture_output=True, check=True, timeout=30).stdout
+    return base64.b64encode(hashlib.sha256(der).digest()).decode()
+
+
+def test_dashboard_over_https_with_tls_http(tmp_path: Path) -> None:
+    """`tls-http yes` (issue 23): the dashboard and its API calls over HTTPS in chromium."""
+    from tests.tlscerts import make_pki
+
+    pki = make_pki(tmp_path / "pki")
+    hp = free_port(bus_offset=0)
+    node = DisqueProcess(tmp_path / "node", args=[
+        "--http-port", str(hp), "--tls-http", "yes", "--tls-cert-file", str(pki.server_crt),
+        "--tls-key-file", str(pki.server_key), "--tls-auth-clients", "no"])
+    node.start()
+    try:
+        for i in range(4):
+            cmd(node, "ADDJOB", QUEUE, f"job {i}", 0)
+        with chromium(tmp_path,
+                      f"--ignore-certificate-errors-spki-list={spki_pin(pki.server_crt)}"
+                      ) as browser:
+            browser.get(f"https://127.0.0.1:{hp}/?interval=400")
+            wait_for(lambda: text_of(browser, f'#queues tbody tr[data-queue="{QUEUE}"] td.len')
+                     == "4", timeout=20, what="the queue, over HTTPS")
+            assert len(browser.find_elements(By.CSS_SELECTOR, "#nodes tbody tr")) == 1
+            assert not console_errors(browser), console_errors(browser)
+            assert browser.current_url.startswith("https://")
     finally:
         node.kill()

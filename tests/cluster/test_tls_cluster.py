@@ -22,7 +22,9 @@ def tls_args(crt: Path, key: Path, ca: Path) -> list[str]:
 def test_a_tls_cluster_replicates_federates_and_refuses_nodes_without_the_cas_certificate(
         cluster: Any, tmp_path: Path) -> None:
     pki = make_pki(tmp_path / "pki")
-    c = cluster(3, args=tls_args(pki.server_crt, pki.server_key, pki.ca))
+    # with cluster-password too: the HMAC challenge runs inside the TLS links
+    c = cluster(3, args=[*tls_args(pki.server_crt, pki.server_key, pki.ca),
+                         "--cluster-password", "s3cret"])
     a, b, d = c.nodes
     # replication: the copies reach the other two nodes over TLS links
     jid = cmd(a, "ADDJOB", "tlsq", "a secret body", 0, "REPLICATE", 3)

@@ -18,7 +18,7 @@ import redis
 
 from tests.harness import REPO, DisqueProcess, free_port, wait_for
 from tests.integration.resp import Conn
-from tests.tlscerts import KEY_PASSWORD, Pki, closed_by_peer, make_pki
+from tests.tlscerts import KEY_PASSWORD, Pki, closed_by_peer, make_pki, tls_only_args
 
 
 @pytest.fixture(scope="module")
@@ -275,10 +275,8 @@ def test_the_python_client_speaks_tls_sync_and_async(tmp_path: Path, pki: Pki) -
     from disque.client import AsyncClient, Client
 
     port = free_port()
-    node = DisqueProcess(tmp_path / "node", args=[
-        "--port", "0", "--tls-port", str(port), "--tls-cert-file", str(pki.server_crt),
-        "--tls-key-file", str(pki.server_key), "--tls-ca-cert-file", str(pki.ca),
-        "--tls-auth-clients", "optional"])
+    node = DisqueProcess(tmp_path / "node",
+                         args=tls_only_args(pki, port, "--tls-auth-clients", "optional"))
     node.start(wait=False)
     # (TLS only: HELLO lists the TLS port, which discovery then uses, with TLS)
     try:
@@ -310,4 +308,42 @@ def test_the_python_client_speaks_tls_sync_and_async(tmp_path: Path, pki: Pki) -
                 c.add_job("clientq", "plain")
             assert "Traceback" not in str(info.value)
     finally:
+        node.stop()
+
+
+def tls_only_node(tmp_path: Path, pki: Pki, *extra: str) -> tuple[DisqueProcess, int]:
+    """A node serving TLS only (port 0), up and answering a TLS PING."""
+    port = free_port()
+    node = DisqueProcess(tmp_path / "tls-only", args=tls_only_args(pki, port, *extra))
+    node.start(wait=False)
+    wait_for(lambda: not refused(port, pki, cert=(pki.client_crt, pki.client_key)),
+             what="the TLS-only node")
+    return node, port
+
+
+def test_disque_worker_runs_jobs_over_tls_with_a_client_certificate(tmp_path: Path,
+                                                                    pki: Pki) -> None:
+    from tests.integration.worker_proc import workers_of
+
+    node, port = tls_only_node(tmp_path, pki)  # tls-auth-clients yes: a certificate needed
+    gen = workers_of(tmp_path)
+    workers = next(gen)
+    try:
+        mine = (pki.client_crt, pki.client_key)
+        ids = [cli(port, pki, "ADDJOB", "wq", f"job{i}", "0", cert=mine).stdout.strip()
+               for i in range(5)]
+        assert all(i.startswith("D-") for i in ids), ids
+        w = workers.start("ok", ["wq"], [], "--nodes", f"disque+tls://127.0.0.1:{port}",
+                          "--tls-ca-cert-file", str(pki.ca), "--tls-cert-file",
+                          str(pki.client_crt), "--tls-key-file", str(pki.client_key),
+                          "--burst", "--timeout", "200")
+        assert w.wait() == 0, w.output()[-2000:]
+        assert sorted(e.job for e in workers.events("done")) == sorted(ids)
+        # without the client certificate the node refuses it: the worker cannot start
+        w = workers.start("ok", ["wq"], [], "--nodes", f"127.0.0.1:{port}", "--tls",
+                          "--tls-ca-cert-file", str(pki.ca), "--burst")
+        assert w.wait() == 1, w.output()[-2000:]
+        assert "worker.cannot_start" in w.output()
+    finally:
+        gen.close()
         node.stop()
