@@ -124,6 +124,7 @@ def scenario_tls(workdir: Path, cpus: set[int] | None, o: Options, quick: bool,
     try:
         r.start()
         loads(r.port, rtls, ["LPUSH", "q", "0123456789abcdef"], "redis")
+        out["redis_handshakes"] = ping_under_handshakes(r.port, rtls, ca, o, say)
     finally:
         r.stop()
     for name, extra in (("plain bus", []), ("tls bus", ["--tls-cluster", "yes", *files])):
@@ -167,10 +168,12 @@ def print_tls(out: dict[str, Any], say: Any = print) -> None:
             say(f"  3 nodes R3 {key:<14} {value['rps'] or 0:>10,.0f}/s  p99 {value['p99_ms']} ms")
         else:
             say(f"  3 nodes R3 {key:<14} {value}")
-    hs = out.get("handshakes")
-    if hs:
-        say(f"  PING p99 alone {hs['alone']['p99_ms']} ms, while {hs['handshakers']} clients "
-            f"make TLS handshakes ({hs['handshakes_per_s']:,}/s) {hs['during']['p99_ms']} ms")
+    for who, key in (("disque", "handshakes"), ("redis", "redis_handshakes")):
+        hs = out.get(key)
+        if hs:
+            say(f"  {who} PING p99 alone {hs['alone']['p99_ms']} ms, while {hs['handshakers']} "
+                f"clients make TLS handshakes ({hs['handshakes_per_s']:,}/s) "
+                f"{hs['during']['p99_ms']} ms")
     for target in out["targets"]:
         verdict = {True: "PASS", False: "MISS", None: "n/a "}[target["ok"]]
         say(f"  {verdict}  {target['target']} ({target['ours']} vs {target['redis']})")
