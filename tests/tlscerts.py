@@ -27,6 +27,8 @@ class Pki:
     rogue_ca: Path  # a CA the server does not trust
     rogue_crt: Path  # a certificate signed by it (for a client, or a node)
     rogue_key: Path
+    expired_crt: Path  # a client certificate from the CA, expired yesterday
+    expired_key: Path
 
 
 KEY_PASSWORD = "s3cret"
@@ -42,8 +44,10 @@ def make_pki(where: Path) -> Pki:
     client_crt, client_key = make_cert(where, "client", "ca", "client", node=False)
     rogue_ca, _ = make_ca(where, "rogue-ca")
     rogue_crt, rogue_key = make_cert(where, "rogue", "rogue-ca", "rogue")
+    expired_crt, expired_key = make_cert(where, "expired", "ca", "expired", node=False, days=-1)
     return Pki(where, ca, server_crt, server_key, renewed_crt, other_crt, other_key,
-               locked_key, locked_crt, client_crt, client_key, rogue_ca, rogue_crt, rogue_key)
+               locked_key, locked_crt, client_crt, client_key, rogue_ca, rogue_crt, rogue_key,
+               expired_crt, expired_key)
 
 
 def closed_by_peer(s: socket.socket, timeout: float = 10.0) -> bool:

@@ -155,6 +155,7 @@ def test_mutual_tls_refuses_clients_without_a_certificate_from_the_ca(tmp_path: 
     try:
         assert refused(port, pki)  # no certificate
         assert refused(port, pki, cert=rogue)  # signed by a CA the node does not trust
+        assert refused(port, pki, cert=(pki.expired_crt, pki.expired_key))  # the CA's, expired
         assert not refused(port, pki, cert=mine)
         assert cli(port, pki, "PING", cert=mine).stdout.strip() == "PONG"
         assert cli(port, pki, "PING").stdout.strip() != "PONG"
