@@ -66,11 +66,12 @@ def parse_protocols(value: str) -> tuple[ssl.TLSVersion, ssl.TLSVersion]:
     return min(versions), max(versions)
 
 
-def server_context(cfg: Config) -> ssl.SSLContext:
-    """A server context from the `tls-*` directives; TlsConfigError says what is wrong."""
+def _context(cfg: Config, protocol: int) -> ssl.SSLContext:
+    """A context of either side with what both share: the TLS versions, the node's
+    certificate and key, the CA certificates (if any) and the TLS 1.2 ciphers."""
     if not cfg.tls_cert_file or not cfg.tls_key_file:
         raise TlsConfigError("tls-port needs tls-cert-file and tls-key-file")
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx = ssl.SSLContext(protocol)
     ctx.minimum_version, ctx.maximum_version = parse_protocols(cfg.tls_protocols)
     for name, path in (("tls-cert-file", cfg.tls_cert_file), ("tls-key-file", cfg.tls_key_file),
                        ("tls-ca-cert-file", cfg.tls_ca_cert_file)):
@@ -95,18 +96,24 @@ def server_context(cfg: Config) -> ssl.SSLContext:
         except (OSError, ssl.SSLError) as exc:
             raise TlsConfigError(f"cannot load the CA certificates of tls-ca-cert-file "
                                  f"{cfg.tls_ca_cert_file or '-'} ({exc})") from None
-    if cfg.tls_auth_clients != "no":
-        if not (cfg.tls_ca_cert_file or cfg.tls_ca_cert_dir):
-            raise TlsConfigError(f"tls-auth-clients {cfg.tls_auth_clients} needs "
-                                 "tls-ca-cert-file or tls-ca-cert-dir to verify clients with")
-        ctx.verify_mode = (ssl.CERT_REQUIRED if cfg.tls_auth_clients == "yes"
-                           else ssl.CERT_OPTIONAL)
     if cfg.tls_ciphers:
         try:
             ctx.set_ciphers(cfg.tls_ciphers)
         except ssl.SSLError:
             raise TlsConfigError(f"no cipher can be selected from tls-ciphers "
                                  f"'{cfg.tls_ciphers}'") from None
+    return ctx
+
+
+def server_context(cfg: Config) -> ssl.SSLContext:
+    """A server context from the `tls-*` directives; TlsConfigError says what is wrong."""
+    ctx = _context(cfg, ssl.PROTOCOL_TLS_SERVER)
+    if cfg.tls_auth_clients != "no":
+        if not (cfg.tls_ca_cert_file or cfg.tls_ca_cert_dir):
+            raise TlsConfigError(f"tls-auth-clients {cfg.tls_auth_clients} needs "
+                                 "tls-ca-cert-file or tls-ca-cert-dir to verify clients with")
+        ctx.verify_mode = (ssl.CERT_REQUIRED if cfg.tls_auth_clients == "yes"
+                           else ssl.CERT_OPTIONAL)
     if cfg.tls_prefer_server_ciphers:
         ctx.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
     if not cfg.tls_session_caching:
@@ -133,16 +140,9 @@ def bus_contexts(cfg: Config) -> tuple[ssl.SSLContext, ssl.SSLContext]:
                              "the other nodes with")
     accept = server_context(cfg)
     accept.verify_mode = ssl.CERT_REQUIRED
-    dial = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    dial = _context(cfg, ssl.PROTOCOL_TLS_CLIENT)
     dial.check_hostname = False
     dial.verify_mode = ssl.CERT_REQUIRED
-    dial.minimum_version, dial.maximum_version = parse_protocols(cfg.tls_protocols)
-    secret = cfg.tls_key_file_pass.encode("utf-8", "surrogateescape")
-    dial.load_cert_chain(cfg.tls_cert_file, cfg.tls_key_file, password=lambda: secret)
-    dial.load_verify_locations(cafile=cfg.tls_ca_cert_file or None,
-                               capath=cfg.tls_ca_cert_dir or None)
-    if cfg.tls_ciphers:
-        dial.set_ciphers(cfg.tls_ciphers)
     return accept, dial
 
 

@@ -88,4 +88,3 @@ def test_the_streaming_reader_over_tls(spark: Any, tls_node: tuple[Pki, int],
         query.stop()
     bodies = sorted(r[0] for r in spark.sql("select body from readtls").collect())
     assert bodies == sorted(f"r{i}" for i in range(50))
-
