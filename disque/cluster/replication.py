@@ -44,6 +44,7 @@ from disque.queues.queue import PAUSE_IN, Queue
 from disque.state import NodeState
 
 REPL_RETRY_MS = 50  # one more target every 50 ms while a sync ADDJOB is short
+MAX_UNVERIFIED = 100_000  # jobs remembered per node in `unverified`
 
 NOREPL_TIMEOUT = "Timeout reached before replicating to the requested number of nodes"
 NOREPL_REMOVED = "job removed (expired?) before the requested replication level was achieved"
@@ -161,6 +162,9 @@ class JobReplication:
         # the newest REPLJOB sent, and to which nodes (see start_replication)
         self.repl_last: ReplJob | ReplJobsOut | None = None
         self.repl_last_targets: Sequence[bytes] = ()
+        # node -> jobs listed there that never confirmed before their ADDJOB achieved its
+        # copies, the link to the node being down then (see `verify_unconfirmed`)
+        self.unverified: dict[bytes, list[bytes]] = {}
 
     def start_replication(self, job: Job, targets: Sequence[bytes], external: bool,
                           async_: bool, now: int) -> None:
@@ -272,7 +276,13 @@ class JobReplication:
         Down: every replication in flight that lists the node without its GOTJOB gets
         other linked nodes at once, as many as it is now short (see `replicate_more`): a
         REPLJOB lost with the link is not waited for. Up: replications short of linked
-        candidates (fewer linked nodes than REPLICATE asked for) take the node now."""
+        candidates (fewer linked nodes than REPLICATE asked for) take the node now, and
+        the node gets the jobs it is listed for without having confirmed them
+        (`verify_unconfirmed`)."""
+        if up and self.unverified:
+            ids = self.unverified.pop(node_id, None)
+            if ids:
+                self.send_unverified(node_id, ids)
         if not self.replicating:
             return
         linked = self.state.linked_others()
@@ -287,6 +297,19 @@ class JobReplication:
             job = rep.job
             if node_id in job.delivered and node_id not in job.confirmed:
                 self.replicate_more(job, linked)
+
+    def send_unverified(self, node_id: bytes, ids: list[bytes]) -> None:
+        """The jobs of `verify_unconfirmed` still held here that list `node_id`, to it now
+        that its link is up (one REPLJOB frame without reply)."""
+        st = self.state
+        now = st.clock()
+        recs = []
+        for job_id in ids:
+            job = st.lookup_job(job_id)
+            if job is not None and job.state != WAIT_REPL and node_id in job.delivered:
+                recs.append(job_record(job, now))
+        if recs:
+            st.send(node_id, ReplJobsOut(st.header(), recs, True))
 
     def replicate_more(self, job: Job, linked: Sequence[bytes]) -> None:
         """Add linked nodes to a job waiting for its copies until the nodes that confirmed
@@ -368,6 +391,31 @@ class JobReplication:
             self.state.activate(job, now)
         if rep is not None:
             rep.added(job.id)
+
+    def verify_unconfirmed(self, job: Job, now: int) -> None:
+        """The job has its copies, but its list names nodes that did not confirm one: a
+        REPLJOB lost with a dropped link (the job was re-targeted) or still on its way.
+        Listed, such a node counts as a holder for repair (disque.cluster.repair) and the
+        other holders cannot tell that it holds nothing: a phantom copy, and the job one
+        crash closer to lost than it looks. So the job is sent to it again now
+        (REPLJOB without reply: a copy, or a merge if the first one arrived), or when its
+        link comes back up."""
+        st = self.state
+        myself = st.myself
+        confirmed = job.confirmed
+        link_up = st.link_up
+        msg: ReplJob | None = None
+        for n in job.delivered:
+            if n == myself or n in confirmed:
+                continue
+            if link_up(n):
+                if msg is None:
+                    msg = ReplJob(st.header(), job_record(job, now), True)
+                st.send(n, msg)
+            else:
+                ids = self.unverified.setdefault(n, [])
+                if len(ids) < MAX_UNVERIFIED:
+                    ids.append(job.id)
 
     def replication_removed(self, job: Job) -> None:
         """A job still waiting for replication disappeared (expiry, DELJOB, flush)."""
@@ -501,6 +549,8 @@ class JobReplication:
             if sender not in job.delivered:
                 job.delivered = job.delivered + (sender,)
         if len(job.confirmed) >= job.repl:
+            if len(job.delivered) > len(job.confirmed):
+                self.verify_unconfirmed(job, now)
             self.replication_achieved(job, now)
 
     def on_enqueue(self, sender: bytes, msg: EnqueueJob) -> None:
