@@ -162,9 +162,9 @@ class JobReplication:
         # the newest REPLJOB sent, and to which nodes (see start_replication)
         self.repl_last: ReplJob | ReplJobsOut | None = None
         self.repl_last_targets: Sequence[bytes] = ()
-        # node -> jobs listed there that never confirmed before their ADDJOB achieved its
-        # copies, the link to the node being down then (see `verify_unconfirmed`)
-        self.unverified: dict[bytes, list[bytes]] = {}
+        # node -> jobs listed there that it did not confirm before their ADDJOB achieved
+        # its copies, and has not confirmed since (see `verify_unconfirmed`)
+        self.unverified: dict[bytes, set[bytes]] = {}
 
     def start_replication(self, job: Job, targets: Sequence[bytes], external: bool,
                           async_: bool, now: int) -> None:
@@ -280,9 +280,7 @@ class JobReplication:
         the node gets the jobs it is listed for without having confirmed them
         (`verify_unconfirmed`)."""
         if up and self.unverified:
-            ids = self.unverified.pop(node_id, None)
-            if ids:
-                self.send_unverified(node_id, ids)
+            self.send_unverified(node_id)
         if not self.replicating:
             return
         linked = self.state.linked_others()
@@ -297,19 +295,6 @@ class JobReplication:
             job = rep.job
             if node_id in job.delivered and node_id not in job.confirmed:
                 self.replicate_more(job, linked)
-
-    def send_unverified(self, node_id: bytes, ids: list[bytes]) -> None:
-        """The jobs of `verify_unconfirmed` still held here that list `node_id`, to it now
-        that its link is up (one REPLJOB frame without reply)."""
-        st = self.state
-        now = st.clock()
-        recs = []
-        for job_id in ids:
-            job = st.lookup_job(job_id)
-            if job is not None and job.state != WAIT_REPL and node_id in job.delivered:
-                recs.append(job_record(job, now))
-        if recs:
-            st.send(node_id, ReplJobsOut(st.header(), recs, True))
 
     def replicate_more(self, job: Job, linked: Sequence[bytes]) -> None:
         """Add linked nodes to a job waiting for its copies until the nodes that confirmed
@@ -397,9 +382,10 @@ class JobReplication:
         REPLJOB lost with a dropped link (the job was re-targeted) or still on its way.
         Listed, such a node counts as a holder for repair (disque.cluster.repair) and the
         other holders cannot tell that it holds nothing: a phantom copy, and the job one
-        crash closer to lost than it looks. So the job is sent to it again now
-        (REPLJOB without reply: a copy, or a merge if the first one arrived), or when its
-        link comes back up."""
+        crash closer to lost than it looks. So the job is sent to it again (a copy, or a
+        merge if the first one arrived), now if its link is up, and again each time its
+        link comes back up (`send_unverified`) until it answers GOTJOB: a REPLJOB sent on
+        a link that breaks before it arrives is lost with the link."""
         st = self.state
         myself = st.myself
         confirmed = job.confirmed
@@ -408,14 +394,36 @@ class JobReplication:
         for n in job.delivered:
             if n == myself or n in confirmed:
                 continue
+            ids = self.unverified.get(n)
+            if ids is None:
+                ids = self.unverified[n] = set()
+            if len(ids) < MAX_UNVERIFIED:
+                ids.add(job.id)
             if link_up(n):
                 if msg is None:
-                    msg = ReplJob(st.header(), job_record(job, now), True)
+                    msg = ReplJob(st.header(), job_record(job, now), False)
                 st.send(n, msg)
+
+    def send_unverified(self, node_id: bytes) -> None:
+        """The link to `node_id` came up: the jobs listing it that it never confirmed go to
+        it again (one REPLJOB frame, answered by GOTJOB); the jobs gone meanwhile are
+        forgotten."""
+        ids = self.unverified.get(node_id)
+        if not ids:
+            return
+        st = self.state
+        now = st.clock()
+        recs = []
+        for job_id in list(ids):
+            job = st.lookup_job(job_id)
+            if job is None or job.state == WAIT_REPL or node_id not in job.delivered:
+                ids.discard(job_id)
             else:
-                ids = self.unverified.setdefault(n, [])
-                if len(ids) < MAX_UNVERIFIED:
-                    ids.append(job.id)
+                recs.append(job_record(job, now))
+        if not ids:
+            del self.unverified[node_id]
+        if recs:
+            st.send(node_id, ReplJobsOut(st.header(), recs, False))
 
     def replication_removed(self, job: Job) -> None:
         """A job still waiting for replication disappeared (expiry, DELJOB, flush)."""
@@ -542,6 +550,12 @@ class JobReplication:
         job = rep.job if rep is not None else self.state.lookup_job(job_id)
         if job is None or job.state != WAIT_REPL:
             if rep is None:
+                if self.unverified:
+                    ids = self.unverified.get(sender)
+                    if ids and job_id in ids:  # the copy a phantom was sent, confirmed
+                        ids.discard(job_id)
+                        if not ids:
+                            del self.unverified[sender]
                 self.copy_confirmed(sender, job_id)  # re-replication's or repair's
             return
         if sender not in job.confirmed:
