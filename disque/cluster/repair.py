@@ -25,11 +25,15 @@ until it has REPLICATE reachable copies again:
   never got its copy (an ADDJOB's REPLJOB lost with a dropped connection, the job
   re-targeted): elected, that node would repair nothing, and the job, one crash from
   lost, would wait (the simulation's seed 468 lost a job so);
-- the repairer adds the new nodes to the job's node list first, then sends them the job
-  (REPLJOB, GOTJOB back) and the grown list to the other reachable holders (REPLJOB
-  without reply: a merge, or a copy for a holder that never got one). The list grows
-  before the copy exists so that an ACK racing with the repair reaches the new copy too
-  (a SETACK with a shorter list makes the holder with the longer one run the GC);
+- the repairer adds the new nodes to its node list of the job first, then sends them the
+  job (REPLJOB, GOTJOB back); once a new copy is confirmed, the other reachable holders
+  learn the grown list (REPLJOB without reply: a merge, or a copy for a holder that never
+  got one). The list grows here before the copy exists so that an ACK racing with the
+  repair reaches the new copy too (a SETACK with a shorter list makes the holder with the
+  longer one run the GC). The others learn it only once the copy exists: a copy lost with
+  a broken link would otherwise be a phantom on every holder's list, counted as a copy
+  when its node is back, and the node could not be chosen again (the simulation's seed
+  1147 lost a job so). A copy that is not confirmed leaves the list;
 - ACK GC, requeues, dead letters and federation follow the node list, so they reach the new
   copy; when the old holder comes back, re-replication sends it the job with the grown list,
   and the extra copy is collected with the others once the job is acknowledged;
@@ -182,6 +186,22 @@ class Repair:
     def confirmed(self, sender: bytes, job_id: bytes) -> None:
         if self._settled((sender, job_id)):
             self.repaired += 1
+            job = self.node.lookup_job(job_id)
+            if job is not None and (job.state == ACTIVE or job.state == QUEUED):
+                self._tell_holders(job, sender)
+
+    def _tell_holders(self, job: Job, target: bytes) -> None:
+        """A new copy is confirmed: the other reachable holders learn the grown list (a
+        REPLJOB without reply: a merge, or a copy for a holder that never got one)."""
+        node = self.node
+        myself = node.myself
+        link_up = node.link_up
+        merge: ReplJob | None = None
+        for n in job.delivered:
+            if n != myself and n != target and link_up(n):
+                if merge is None:
+                    merge = ReplJob(node.header(), job_record(job, node.clock()), True)
+                node.send(n, merge)
 
     def _settled(self, key: tuple[bytes, bytes]) -> bool:
         """Forget a copy waiting for its GOTJOB; whether it was waiting."""
@@ -250,7 +270,7 @@ class Repair:
                 if len(candidates) > short:  # the same choice on every holder
                     candidates.sort(key=lambda n: rank(n, job_id))
                 targets = candidates[:short]
-                self._copy(job, targets, live, now)  # (job.delivered is a new tuple now)
+                self._copy(job, targets, now)  # (job.delivered is a new tuple now)
                 budget -= len(targets)
         if cursor >= count:
             self.under = self.found
@@ -264,23 +284,16 @@ class Repair:
             self.cursor = cursor
         return budget
 
-    def _copy(self, job: Job, targets: list[bytes], live: list[bytes], now: int) -> None:
-        """Grow the job's node list, send the job to `targets` and the list to the other
-        reachable holders."""
+    def _copy(self, job: Job, targets: list[bytes], now: int) -> None:
+        """Grow the job's node list here and send the job to `targets`; the other holders
+        learn the grown list once a new copy is confirmed (`confirmed`)."""
         node = self.node
         job.delivered = job.delivered + tuple(targets)
-        rec = job_record(job, now)
-        header = node.header()
-        msg = ReplJob(header, rec, False)
+        msg = ReplJob(node.header(), job_record(job, now), False)
         for t in targets:
             node.send(t, msg)
             self.inflight[(t, job.id)] = (now, 1)
         self.pending[job.id] = self.pending.get(job.id, 0) + len(targets)
-        merge = ReplJob(header, rec, True)
-        myself = node.myself
-        for n in live:
-            if n != myself:
-                node.send(n, merge)
 
     def _resend(self, now: int, budget: int, alive: set[bytes]) -> int:
         node = self.node
@@ -292,11 +305,11 @@ class Repair:
             job = node.lookup_job(job_id)
             if job is None or job.state not in (ACTIVE, QUEUED):
                 continue
-            if target not in alive:
-                continue  # down too: the next walk finds the job short again
-            if attempts >= MAX_ATTEMPTS:
-                # refused (e.g. above its memory limit): not a copy; the next walk may
-                # choose another node
+            if target not in alive or attempts >= MAX_ATTEMPTS:
+                # down too, or refusing (e.g. above its memory limit): not a copy. Only
+                # this node lists it (the others learn a new copy once it is confirmed),
+                # so it leaves the list: listed, it would count as a copy when it comes
+                # back and could not be chosen again; the next walk finds the job short
                 job.delivered = tuple(n for n in job.delivered if n != target)
                 continue
             node.send(target, ReplJob(node.header(), job_record(job, now), False))

@@ -10,6 +10,10 @@ re-queued by its own timer after RETRY unless another holder queues it or an ACK
 and confirms with GOTJOB. The holders' node lists stay right: the restarted node is in them
 already, and it takes the list from the REPLJOB.
 
+A node first heard from more than FIRST_SIGHT_MS after this node's own start counts as
+restarted too: it was down when this node started, so its restart was not seen, and the
+copies this node received since may list it.
+
 Every restart counts, AOF or not: with appendfsync everysec (or a damaged AOF) a reloaded
 node may still miss the copies of its last second, and a REPLJOB for a copy it reloaded
 only merges node lists. Each holder of a job sends it (not one elected holder): holders'
@@ -45,6 +49,9 @@ from disque.jobs.job import ACTIVE, F_DUMMY, F_RELOADED, QUEUED, Job
 from disque.state import NodeState
 
 DEFAULT_RATE = 5000  # copies per second (rereplicate-rate)
+# A node first heard from this long after our own start was down (or unknown) when we
+# started: it may have restarted meanwhile, so it is refilled as a restarted node.
+FIRST_SIGHT_MS = 2000
 CRON_PER_SECOND = 10  # the cluster cron runs every 100 ms
 class Rereplication:
     """Held by the node (`node.rereplication`); `tick(now)` from the cluster cron,
@@ -53,7 +60,7 @@ class Rereplication:
     The node's door: `membership.nodes()`, `jobs.shard_count()` / `jobs.shard(i)`,
     `send(node_id, msg)`, `header()`, `linked_others()`, `myself`."""
 
-    __slots__ = ("node", "rate", "seen", "cursors", "inflight", "rereplicated")
+    __slots__ = ("node", "rate", "seen", "cursors", "inflight", "rereplicated", "since")
 
     def __init__(self, node: NodeState, rate: int = DEFAULT_RATE) -> None:
         self.node = node
@@ -63,6 +70,7 @@ class Rereplication:
         # (node ID, job ID) -> (sent at ms, attempts): REPLJOBs waiting for their GOTJOB
         self.inflight: dict[tuple[bytes, bytes], tuple[int, int]] = {}
         self.rereplicated = 0
+        self.since = 0  # ms: the first tick (about our start)
 
     # ------------------------------------------------------------------ events
     def tick(self, now: int) -> None:
@@ -70,6 +78,8 @@ class Rereplication:
         membership = self.node.membership
         if membership is None:
             return
+        if not self.since:
+            self.since = now
         for n in membership.nodes():
             inc = n.incarnation
             if not inc or n.bits & (MYSELF | HANDSHAKE):
@@ -77,7 +87,11 @@ class Rereplication:
             before = self.seen.get(n.id)
             if before != inc:
                 self.seen[n.id] = inc
-                if before is not None:
+                # a node heard from only now, long after our start, was down then: what it
+                # held may be lost (a restart we could not see), and the jobs we got since
+                # list it (the simulation's seed 1147 lost a job whose last holder had
+                # restarted while another holder was down, and never refilled it)
+                if before is not None or now - self.since >= FIRST_SIGHT_MS:
                     self.restarted(n.id)
         if not self.rate or not (self.cursors or self.inflight):
             return

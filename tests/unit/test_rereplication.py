@@ -9,6 +9,7 @@ from disque.cluster.membership import Connect, Log, Membership
 from disque.cluster.messages import INCARNATION_SHIFT, GotJob, Header, Ping, ReplJob
 from disque.cluster.nodes import LEAVING
 from disque.cluster.records import CONFIRM_MS, MAX_ATTEMPTS
+from disque.cluster.rereplication import FIRST_SIGHT_MS
 from disque.jobs.job import ACKED, F_RELOADED
 from tests.unit.noderig import ME, T0, NodeRig
 
@@ -81,6 +82,19 @@ def test_a_restarted_holder_gets_its_copies_again_and_confirms_them() -> None:
     assert r.info() == {"rereplication_nodes": 0, "rereplication_pending": 0,
                         "rereplicated_jobs": 1}
     assert repljobs(r.cron()) == []
+
+
+def test_a_node_first_heard_from_long_after_our_start_gets_its_copies() -> None:
+    # The simulation's seed 1147: this node restarted while A was down, got a job listing A
+    # from another holder, and never saw A restart: A's first incarnation was its new one.
+    r = Rig()
+    r.ping_from(B, 1)
+    assert repljobs(r.cron()) == []  # heard at our start: no restart
+    for _ in range(FIRST_SIGHT_MS // 100):
+        r.cron()
+    jid = r.copy()
+    r.ping_from(A, 5)
+    assert repljobs(r.cron()) == [(A, jid)]
 
 
 def test_acked_at_most_once_unconfirmed_reloaded_and_unrelated_jobs_are_not_sent() -> None:
