@@ -72,16 +72,24 @@ class ReplWaiter:
 
 
 class Replication:
-    """A job waiting for synchronous replication (its timer is its `ReplTimer`'s)."""
+    """A job waiting for synchronous replication (woken by its window's `ReplTimer`)."""
 
-    __slots__ = ("job", "waiter", "followers", "external")
+    __slots__ = ("job", "waiter", "followers", "external", "deadline", "next_tick")
 
-    def __init__(self, job: Job, waiter: ReplWaiter, external: bool) -> None:
+    def __init__(self, job: Job, waiter: ReplWaiter, external: bool, started: int,
+                 deadline: int) -> None:
         self.job = job
         self.waiter = waiter
         # DEDUP retries of the same ADDJOB: a list once there is one
         self.followers: list[ReplWaiter] | None = None
         self.external = external
+        self.deadline = deadline  # ms: the ADDJOB timeout (0: none)
+        self.next_tick = started + REPL_RETRY_MS  # ms: one more target then, while short
+
+    def wake_at(self) -> int:
+        """The next retry tick, or the timeout if it comes first."""
+        deadline = self.deadline
+        return deadline if deadline and deadline < self.next_tick else self.next_tick
 
     def added(self, job_id: bytes) -> None:
         self.waiter.on_added(job_id)
@@ -97,26 +105,22 @@ class Replication:
 
 
 class ReplTimer:
-    """The timer of the replications started in the same millisecond with the same
-    timeout (the jobs of a pipelined or ADDJOBS batch): one timer-wheel entry for them all,
-    waking at the earlier of the next retry tick and the timeout. A replication that is
-    over simply leaves `replicating`; the timer skips it, and goes when none is
-    left."""
+    """The timer of the replications started in the same REPL_RETRY_MS window (the jobs
+    of a pipelined or ADDJOBS batch, and of the next few milliseconds): one timer-wheel
+    entry for them all, waking at the earliest of their retry ticks and timeouts. Most
+    replications are over within a millisecond or two, long before their first tick; a
+    timer per millisecond woke the loop for nothing once per job when a node's clients
+    add a job every few milliseconds (a cluster of many nodes, one client each). A
+    replication that is over simply leaves `replicating`; the timer skips it, and goes
+    when none is left."""
 
-    __slots__ = ("replication", "reps", "started", "deadline", "next_tick", "awake")
+    __slots__ = ("replication", "reps", "window", "awake")
 
-    def __init__(self, replication: JobReplication, started: int, deadline: int) -> None:
+    def __init__(self, replication: JobReplication, window: int) -> None:
         self.replication = replication
         self.reps: list[Replication] = []
-        self.started = started
-        self.deadline = deadline  # ms: the ADDJOB timeout (0: none)
-        self.next_tick = started + REPL_RETRY_MS  # ms: one more target then, while short
+        self.window = window  # started // REPL_RETRY_MS of its replications
         self.awake = 0
-
-    def wake_at(self) -> int:
-        """The next retry tick, or the timeout if it comes first."""
-        deadline = self.deadline
-        return deadline if deadline and deadline < self.next_tick else self.next_tick
 
     def callback(self, now: int) -> None:
         """Called by the node's timer wheel (see Node.tick)."""
@@ -210,37 +214,47 @@ class JobReplication:
 
     def wait_replication(self, job: Job, waiter: ReplWaiter, timeout_ms: int) -> None:
         """Park the ADDJOB client until the job is replicated, times out, or goes."""
-        rep = Replication(job, waiter, self.state.myself not in job.delivered)
+        now = self.state.clock()
+        rep = Replication(job, waiter, self.state.myself not in job.delivered, now,
+                          now + timeout_ms if timeout_ms else 0)
         waiter.replication = self
         waiter.job_id = job.id
         self.replicating[job.id] = rep
-        now = self.state.clock()
-        deadline = now + timeout_ms if timeout_ms else 0
+        window = now // REPL_RETRY_MS
         timer = self.repl_timer
-        if timer is None or timer.started != now or timer.deadline != deadline:
-            timer = self.repl_timer = ReplTimer(self, now, deadline)
-            self.state.wheel.schedule(timer, timer.wake_at())
+        if timer is None or timer.window != window:
+            timer = self.repl_timer = ReplTimer(self, window)
+        wake = rep.wake_at()
+        if not timer.awake or wake < timer.awake:
+            self.state.wheel.schedule(timer, wake)
         timer.reps.append(rep)
 
     def repl_wake(self, timer: ReplTimer, now: int) -> None:
         """The wheel woke the replications of a ReplTimer: time out, or one more retry
-        tick, for each of them still waiting."""
+        tick, for each of them still waiting and due."""
         replicating = self.replicating
-        reps = timer.reps = [rep for rep in timer.reps
-                             if replicating.get(rep.job.id) is rep]
-        timed_out = timer.deadline and now >= timer.deadline
-        if not reps or timed_out:
+        left: list[Replication] = []
+        wake = 0
+        for rep in timer.reps:
+            job_id = rep.job.id
+            if replicating.get(job_id) is not rep:
+                continue  # over: replicated, timed out, cancelled
+            if rep.deadline and now >= rep.deadline:
+                self.repl_timeout(job_id)
+                continue
+            if now >= rep.next_tick:
+                rep.next_tick = now + REPL_RETRY_MS
+                self.repl_tick(job_id)
+            left.append(rep)
+            at = rep.wake_at()
+            if not wake or at < wake:
+                wake = at
+        timer.reps = left
+        if not left:
             if self.repl_timer is timer:  # done with: nothing joins it any more
                 self.repl_timer = None
-            if timed_out:
-                for rep in reps:
-                    self.repl_timeout(rep.job.id)
             return
-        if now >= timer.next_tick:
-            for rep in reps:
-                self.repl_tick(rep.job.id)
-            timer.next_tick = now + REPL_RETRY_MS
-        self.state.wheel.schedule(timer, timer.wake_at())
+        self.state.wheel.schedule(timer, wake)
 
     def repl_tick(self, job_id: bytes) -> None:
         """TIMER every 50 ms while short of the replication factor: add one more linked

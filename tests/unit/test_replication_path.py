@@ -17,6 +17,7 @@ from disque.cluster.messages import (
     encode_many,
 )
 from disque.cluster.records import job_from_record
+from disque.cluster.replication import REPL_RETRY_MS
 from disque.jobs.job import ACTIVE, JOB_MEMORY, WAIT_REPL, Job
 from disque.queues.queue import PAUSE_IN
 from disque.timers import RES
@@ -101,13 +102,16 @@ def test_a_replica_above_75_percent_of_maxmemory_refuses_a_frame() -> None:
 
 
 # ---------------------------------------------------------------------------- ReplTimer
-def test_sync_addjobs_of_one_millisecond_and_timeout_share_one_timer_entry() -> None:
+def test_sync_addjobs_of_one_retry_window_share_one_timer_entry() -> None:
     r = Rig(peers=(A, B, C, D))
+    r.advance(REPL_RETRY_MS - r.now % REPL_RETRY_MS)  # the start of a window
+    start = r.now
     wheel_before = len(r.node.wheel)
     jobs = [r.add_sync(replicate=3, timeout=1000) for _ in range(3)]
-    other, _ = r.add_sync(replicate=3, timeout=2000)  # another timeout: its own timer
-    # 2 replication timers, and no expiry entries: each ADDJOB times out before its TTL
-    assert len(r.node.wheel) - wheel_before == 2
+    r.now += REPL_RETRY_MS - 1  # later in the same window, another timeout: same timer
+    other, _ = r.add_sync(replicate=3, timeout=2000)
+    # one replication timer, and no expiry entries: each ADDJOB times out before its TTL
+    assert len(r.node.wheel) - wheel_before == 1
     r.take()
     # one job is replicated, one client goes away, one stays short: the shared timer
     # keeps ticking for the one left (one more node every 50 ms), then times it out
@@ -117,16 +121,18 @@ def test_sync_addjobs_of_one_millisecond_and_timeout_share_one_timer_entry() -> 
     assert done_client.added == [done.id]
     jobs[1][1].cancel()
     short, short_client = jobs[2]
-    r.advance(50 + RES)
+    r.advance(start + REPL_RETRY_MS + RES - r.now)
     assert len(short.delivered) == 4 and len(done.delivered) == 3
-    r.advance(944)
+    assert len(other.delivered) == 3  # its first tick is 50 ms after its own start
+    r.advance(start + 999 - r.now)
     assert not short_client.errors
     r.advance(1 + RES)
     assert [e.prefix for e in short_client.errors] == ["NOREPL"]
     assert done_client.added == [done.id] and not done_client.errors
     assert not jobs[1][1].errors and not jobs[1][1].added
     assert other.state == WAIT_REPL and list(r.node.replication.replicating) == [other.id]
-    r.advance(1000)
+    assert len(other.delivered) == 5  # a node more at each tick: every node by now
+    r.advance(start + REPL_RETRY_MS - 1 + 2000 + RES - r.now)
     assert r.node.replication.replicating == {} and r.node.replication.repl_timer is None
 
 
