@@ -64,6 +64,9 @@ HOT_MODULES: Final = (
     "disque.protocol.reply",
     "disque.connection",
     "disque.dispatch",
+    # the loop's per-iteration work: bus routing and delivery, deferred replies, the loop
+    # timer, the clock (interpreted in server.py, several calls per job)
+    "disque.iteration",
 )
 
 # mypyc's group: the shared library of the compiled code, disque/_hot__mypyc*.so (in the

@@ -81,7 +81,7 @@ class Client(asyncio.Protocol):
         # its place if the write fails (see AofManager.hold)
         self.aof_marks: list[tuple[int, int]] = []
         self.write_paused = False  # backpressure: the peer does not read its replies
-        self.in_deferred = False  # in server.deferred: written at the end of the iteration
+        self.in_deferred = False  # in server.iteration.deferred: written at the end of the iteration
 
     # ------------------------------------------------------------------ asyncio callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -175,21 +175,23 @@ class Client(asyncio.Protocol):
                 assert self.transport is not None
                 self.transport.close()
             return
-        if self.out and not server.aofm.hold(self):
+        aofm = server.aofm
+        if self.out and (aofm.aof is None or not aofm.hold(self)):  # (no AOF: no call)
             if server.ack_sent:
                 # An ACKJOB ran: its SETACKs leave before its reply, so an acknowledgement a
                 # client saw is on its way to the other holders even if this node is
                 # killed right after (otherwise they would deliver the job again).
                 server.ack_sent = False
-                server.route_out()
+                server.iteration.route_out()
             # Written at once, from the read callback. Deferring every reply to the end of
             # the loop iteration (as Redis does in beforeSleep) gained 5-13% on the
             # redis-benchmark rows but cost 30-45% of the pipelined produce->consume rate:
             # on loopback the write wakes the peer, which then runs on the other core while
             # this loop serves the rest of the batch.
             self.flush()
-        if server.node.wheel.earliest < server.wake_key:
-            server.arm_timer()
+        iteration = server.iteration
+        if server.node.wheel.earliest < iteration.wake_key:
+            iteration.arm_timer()
 
     # ------------------------------------------------------------------ execution
     def run(self, reqs: list[list[bytes]]) -> None:
@@ -266,7 +268,7 @@ class Client(asyncio.Protocol):
             # several times, pipelined GETJOBs served from one YOURJOBS) are answered in
             # one callback, so the write waits for the end of the loop iteration.
             self.in_deferred = True
-            self.server.defer_flush(self)
+            self.server.iteration.defer_flush(self)
         self.run_held()
 
     def forget_marks(self, mark: int) -> None:

@@ -5,7 +5,7 @@ with it), samples the counters behind INFO's instantaneous rates, keeps the memo
 closes idle clients (`timeout`) and those over the soft output-buffer limit for too long,
 lets the AOF do its periodic work (everysec fsync, scheduled rewrites), runs the collector
 policy, and re-arms the node's timer. The node's own timers do not wait for the cron: the
-server arms a loop timer for the wheel's next bucket (Server.arm_timer).
+server arms a loop timer for the wheel's next bucket (Iteration.arm_timer).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class Cron:
                     c.check_output_limits(c.transport.get_write_buffer_size())
         server.aofm.cron()
         self.gc_tick()
-        server.arm_timer()
+        server.iteration.arm_timer()
         hz = min(max(cfg.hz, 1), 500)
         assert server.loop is not None
         self.handle = server.loop.call_later(1 / hz, self.run)

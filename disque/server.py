@@ -6,11 +6,12 @@ runs a `Server`. The server builds the node, the membership, the bus, the AOF an
 side from the config, keeps the list of clients and the process-wide statistics, and moves
 time and messages between the asyncio world and the sans-I/O node:
 
-- timers: the node's timer wheel says when it next needs to run and the server arms a
-  single loop timer for that instant; a cron at `hz` does the periodic housekeeping (idle
-  clients, output limits, instantaneous stats, the collector policy);
+- timers: the node's timer wheel says when it next needs to run and a single loop timer
+  is armed for that instant (disque.iteration); a cron at `hz` does the periodic
+  housekeeping (idle clients, output limits, instantaneous stats, the collector policy);
 - bus routing: the node's outgoing messages are handed to the links once per loop
-  iteration, after the AOF write that they may confirm;
+  iteration, after the AOF write that they may confirm (disque.iteration, compiled with
+  the hot path: it runs several times per job);
 - config hooks: CONFIG SET of a directive that lives in a subsystem reaches it here.
 
 Everything below this module is sans-I/O: the node gets its clock from here.
@@ -31,21 +32,21 @@ import structlog
 
 from disque import config_hooks
 from disque.aof.manager import AofManager
-from disque.cluster.bus import Bus, BusLink
+from disque.cluster.bus import Bus
 from disque.cluster.membership import Membership, new_node_id
-from disque.cluster.messages import INCARNATION_BITS, GotJob, GotJobBatch, Message
+from disque.cluster.messages import INCARNATION_BITS, GotJob, GotJobBatch
 from disque.commands import TABLE, load_all
 from disque.config import Config, specific_binds
 from disque.connection import Client
 from disque.cron import Cron
 from disque.dispatch import Dispatcher
+from disque.iteration import Iteration, wall_ms
 from disque.latency import LatencyMonitor
 from disque.node import Node
 from disque.process import (
     load_cluster_config,
     main,
 )
-from disque.timers import NEVER, RES
 from disque.tls import TlsListener
 
 if TYPE_CHECKING:
@@ -55,11 +56,6 @@ log = structlog.get_logger("disque")
 
 
 _perf_ns = time.perf_counter_ns
-_time_ns = time.time_ns
-
-
-def wall_ms() -> int:
-    return _time_ns() // 1_000_000
 
 
 class Server:
@@ -89,26 +85,27 @@ class Server:
             # announce the one we bind, not the stale one.
             me.ip = bind_ip.encode()
         self.latency = LatencyMonitor(wall_ms, _perf_ns, cfg.latency_monitor_threshold)
-        self.route_scheduled = False
         self.node = Node(myself, wall_ms, rng=rng, maxmemory=cfg.maxmemory,
                          maxmemory_policy=cfg.maxmemory_policy,
                          queue_idle_timeout=cfg.queue_idle_timeout, latency=self.latency,
-                         membership=self.membership, on_out=self.schedule_route)
+                         membership=self.membership)
         self.node.rereplication.rate = cfg.rereplicate_rate
         self.node.repair.rate = cfg.repair_rate
         self.node.repair.grace = cfg.repair_grace
         self.apply_deadletter_defaults()
         self.bus = Bus(self.membership, password=cfg.cluster_password,
                        save_config=self.save_nodes_conf,
-                       deliver_job_message=self.on_job_message,
                        link_changed=self.node.link_changed)
+        # routing, delivery, deferred replies, the loop timer (compiled: per job)
+        self.iteration = Iteration(self.node, self.bus, self.membership)
+        self.node.on_out = self.iteration.schedule_route
+        self.bus.deliver_job_message = self.iteration.on_job_message
         self.ack_sent = False  # an ACKJOB queued bus messages: route them before replying
         if fresh:
             self.save_nodes_conf(self.membership.nodes_conf())
         self.bus_handle: asyncio.TimerHandle | None = None
         self.run_id = os.urandom(20).hex()
         self.clients: dict[int, Client] = {}
-        self.deferred: list[Client] = []  # clients whose replies are written at iteration end
         self.next_client_id = 0
         self.clients_paused_until = 0.0  # CLIENT PAUSE: monotonic end, 0 when not paused
         self.pause_handle: asyncio.TimerHandle | None = None
@@ -131,11 +128,10 @@ class Server:
         self.client_errors: dict[str, float] = {}
         self.cron = Cron(self)
         # timers
-        self.wake_key = NEVER  # wheel bucket key the loop timer is armed for
-        self.wake_handle: asyncio.TimerHandle | None = None
         self.apply_limits()
         config_hooks.install(self)
         self.aofm = AofManager(self)
+        self.iteration.aofm = self.aofm
         self.dispatch = Dispatcher(cfg, self.node, self.latency, self.aofm, load_all())
 
     @property
@@ -198,23 +194,6 @@ class Server:
         self.obuf_hard, self.obuf_soft, self.obuf_soft_seconds = hard, soft, seconds
 
     # ------------------------------------------------------------------ dispatch
-    def defer_flush(self, c: Client) -> None:
-        deferred = self.deferred
-        if not deferred:
-            assert self.loop is not None
-            self.loop.call_soon(self.flush_deferred)
-        deferred.append(c)
-
-    def flush_deferred(self) -> None:
-        """Write the replies of the clients unblocked during this loop iteration."""
-        clients = self.deferred
-        self.deferred = []
-        hold = self.aofm.hold
-        for c in clients:
-            c.in_deferred = False
-            if not c.closing and c.transport is not None and not hold(c):
-                c.flush()
-
     def log_client_error(self, kind: str, detail: str) -> None:
         """At most one log line per client error class per 10 seconds."""
         now = time.monotonic()
@@ -222,33 +201,9 @@ class Server:
             self.client_errors[kind] = now
             log.warning("client.error", kind=kind, detail=detail)
 
-    # ------------------------------------------------------------------ timers
-    def arm_timer(self) -> None:
-        """Arm the loop timer for the node's next due time."""
-        key = self.node.wheel.earliest
-        if key == NEVER:
-            return
-        if key >= self.wake_key and self.wake_handle is not None:
-            return
-        if self.wake_handle is not None:
-            self.wake_handle.cancel()
-        self.wake_key = key
-        delay = max(0.0, (key * RES - wall_ms()) / 1000)
-        assert self.loop is not None
-        self.wake_handle = self.loop.call_later(delay, self.on_timer)
-
-    def on_timer(self) -> None:
-        self.wake_handle = None
-        self.wake_key = NEVER
-        try:
-            self.node.tick(wall_ms())
-        except Exception:
-            log.exception("timer.crash")
-        self.arm_timer()
-
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        self.loop = asyncio.get_running_loop()
+        self.loop = self.iteration.loop = asyncio.get_running_loop()
         cfg = self.cfg
         # -LOADING from the first accepted command until the AOF is loaded *and* open for
         # writing: a write accepted earlier would be acknowledged and never logged.
@@ -337,41 +292,6 @@ class Server:
         started()
         await self.stopped
         return True
-
-    def on_job_message(self, link: BusLink, msg: Message) -> None:
-        """A job message arrived on the bus: only members of the cluster are heard."""
-        sender = msg.header.sender
-        n = self.membership.get(sender)
-        if n is None or n.bits & 0x08:  # unknown or still in handshake
-            return
-        self.node.on_message(sender, msg)
-
-    def schedule_route(self) -> None:
-        if not self.route_scheduled:
-            self.route_scheduled = True
-            assert self.loop is not None
-            self.loop.call_soon(self.route_out)
-
-    def route_out(self) -> None:
-        """Hand the node's bus messages to the links, once per loop iteration. The AOF is
-        written (and fsynced under `always`) first: a GOTJOB must not confirm a copy that
-        is not on disk yet."""
-        self.route_scheduled = False
-        out = self.node.out
-        if not out:
-            return
-        self.node.out = []
-        if not self.aofm.flush_before_send():
-            # what they would confirm is not on disk: the sender tries another node
-            out = [(n, m) for n, m in out if m.__class__ not in CONFIRMS_COPY]
-        get = self.membership.get
-        for node_id, msg in out:
-            n = get(node_id)
-            if n is not None and n.out_link is not None:
-                n.out_link.send(msg)
-        # This already runs at the end of the loop iteration: write now rather than one
-        # more loop pass later (a replication round trip crosses this twice).
-        self.bus.apply(flush_now=True)
 
     def bus_cron(self) -> None:
         """The cluster's 100 ms tick (failure detection, pings, handshakes)."""

@@ -221,8 +221,8 @@ class NodeView:
         reply = reader.gets()
         if isinstance(reply, hiredis.ReplyError):
             raise CommandFailed(str(reply))
-        if self._server.node.out and not self._server.route_scheduled:
-            self._server.schedule_route()  # bus messages the command produced (NACK, ACK...)
+        if self._server.node.out:
+            self._server.iteration.schedule_route()  # bus messages the command produced (NACK, ACK...)
         return reply
 
     # ------------------------------------------------------------------ node
