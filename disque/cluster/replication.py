@@ -38,7 +38,7 @@ from disque.cluster.messages import (
     ReplJobBatch,
 )
 from disque.cluster.records import job_record
-from disque.jobs.job import ACTIVE, F_RELOADED, JOB_MEMORY, WAIT_REPL, Job
+from disque.jobs.job import ACTIVE, F_RELOADED, JOB_MEMORY, QUEUED, WAIT_REPL, Job
 from disque.protocol.errors import CommandError, leaving
 from disque.queues.queue import PAUSE_IN, Queue
 from disque.state import NodeState
@@ -430,8 +430,9 @@ class JobReplication:
         recs = []
         for job_id in list(ids):
             job = st.lookup_job(job_id)
-            if job is None or job.state == WAIT_REPL or node_id not in job.delivered:
-                ids.discard(job_id)
+            if job is None or (job.state != ACTIVE and job.state != QUEUED) \
+                    or node_id not in job.delivered:
+                ids.discard(job_id)  # gone, acknowledged, or no longer listing it
             else:
                 recs.append(job_record(job, now))
         if not ids:

@@ -29,8 +29,9 @@ Rules:
 - at most `rate` REPLJOBs per second (directive `rereplicate-rate`, 0: off), spent every
   cluster cron (100 ms), so restoring millions of copies does not starve clients;
 - the registry is walked shard by shard with a cursor per restarted node (the registry's
-  shards never change, so no job present for the whole walk is missed); the walk of a node
-  waits while there is no bus link to it, and starts over when it restarts again;
+  shards never change, so no job present for the whole walk is missed), SCAN_PER_TICK
+  jobs per cron tick at most; the walk of a node waits while there is no bus link to it,
+  and starts over when it restarts again;
 - a REPLJOB without a GOTJOB within CONFIRM_MS is sent again (once the node is reachable),
   at most MAX_ATTEMPTS times (a node that refuses copies, e.g. above its memory limit, is
   not asked forever).
@@ -52,6 +53,10 @@ DEFAULT_RATE = 5000  # copies per second (rereplicate-rate)
 # A node first heard from this long after our own start was down (or unknown) when we
 # started: it may have restarted meanwhile, so it is refilled as a restarted node.
 FIRST_SIGHT_MS = 2000
+# Jobs looked at per cron tick and restarted node at most: a walk over a registry of
+# millions that finds few jobs to send (a node that joins, or held few of them) goes on
+# over several ticks instead of pausing the clients for a large part of a second.
+SCAN_PER_TICK = 20000
 CRON_PER_SECOND = 10  # the cluster cron runs every 100 ms
 class Rereplication:
     """Held by the node (`node.rereplication`); `tick(now)` from the cluster cron,
@@ -141,11 +146,13 @@ class Rereplication:
         cursor = self.cursors[target]
         wanted = self._wanted
         inflight = self.inflight
-        while cursor < count and budget > 0:
+        looked = 0
+        while cursor < count and budget > 0 and looked < SCAN_PER_TICK:
             shard = jobs.shard(cursor)
             cursor += 1
             if not shard:
                 continue
+            looked += len(shard)
             for job in list(shard.values()):
                 if wanted(job, target) and (target, job.id) not in inflight:
                     self._send(target, job, now, 1)

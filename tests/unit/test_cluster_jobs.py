@@ -645,6 +645,23 @@ def test_a_node_listed_without_confirming_gets_the_job_when_its_link_comes_back(
     assert reconnect() == []
 
 
+def test_an_acknowledged_job_is_not_sent_to_a_node_that_never_confirmed_it() -> None:
+    r = Rig(peers=(A, B, C))
+    job, client = r.add_sync(replicate=3, timeout=10_000)
+    lost, t2 = targets(r.take(), ReplJob)
+    r.drop_link(lost)
+    (t3,) = [n for n in job.delivered if n not in (ME, lost, t2)]
+    r.node.on_message(t2, GotJob(hdr(t2), job.id))
+    r.node.on_message(t3, GotJob(hdr(t3), job.id))
+    assert client.added == [job.id]
+    r.node.ackjob([job.id])  # acknowledged: its copies are collected, none is made
+    r.take()
+    r.now += 150
+    r.link(lost)
+    assert not [m for _, m in r.take() if isinstance(m, (ReplJob, ReplJobBatch))]
+    assert not r.node.replication.unverified
+
+
 def test_a_linked_node_listed_without_confirming_gets_the_job_when_it_is_added() -> None:
     r = Rig(peers=(A, B, C))
     job, client = r.add_sync(replicate=2, timeout=10_000)

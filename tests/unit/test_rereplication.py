@@ -9,7 +9,7 @@ from disque.cluster.membership import Connect, Log, Membership
 from disque.cluster.messages import INCARNATION_SHIFT, GotJob, Header, Ping, ReplJob
 from disque.cluster.nodes import LEAVING
 from disque.cluster.records import CONFIRM_MS, MAX_ATTEMPTS
-from disque.cluster.rereplication import FIRST_SIGHT_MS
+from disque.cluster.rereplication import FIRST_SIGHT_MS, SCAN_PER_TICK
 from disque.jobs.job import ACKED, F_RELOADED
 from tests.unit.noderig import ME, T0, NodeRig
 
@@ -95,6 +95,20 @@ def test_a_node_first_heard_from_long_after_our_start_gets_its_copies() -> None:
     jid = r.copy()
     r.ping_from(A, 5)
     assert repljobs(r.cron()) == [(A, jid)]
+
+
+def test_a_walk_that_finds_little_to_send_goes_on_over_several_ticks() -> None:
+    r = Rig()
+    for _ in range(2 * SCAN_PER_TICK + 1):
+        r.copy(delivered=(B, ME))  # not A's: nothing to send, only jobs to look at
+    jid = r.copy()
+    r.restart(A)
+    out = r.cron()
+    ticks = 1
+    while r.info()["rereplication_nodes"]:
+        out += r.cron()
+        ticks += 1
+    assert ticks >= 2 and repljobs(out) == [(A, jid)]
 
 
 def test_acked_at_most_once_unconfirmed_reloaded_and_unrelated_jobs_are_not_sent() -> None:
