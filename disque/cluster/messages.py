@@ -403,9 +403,12 @@ def decode(payload: bytes | bytearray | memoryview) -> Message:
     return msgs[0]
 
 
-def decode_frame(payload: bytes | bytearray | memoryview) -> list[Message]:
+def decode_frame(payload: bytes | bytearray | memoryview,
+                 known: Header | None = None) -> list[Message]:
     """One frame's payload (without the length prefix) -> its messages (several for a
-    batched frame), or BusProtocolError."""
+    batched frame), or BusProtocolError. `known`: the header of the link's previous frame;
+    a frame whose sender fields are the same (as they are from frame to frame of a link)
+    shares it, without checking and building them again."""
     try:
         obj = _unpackb(payload, raw=False)
     except Exception as e:  # msgpack raises several unrelated types on bad input
@@ -420,6 +423,13 @@ def decode_frame(payload: bytes | bytearray | memoryview) -> list[Message]:
         raise BusProtocolError(f"unknown bus message type {mtype!r}")
     if type(body) is not list:
         raise BusProtocolError("message payload is not an array")
+    if (known is not None and type(port) is int and type(bus_port) is int
+            and type(flags) is int and sender == known.sender and ip == known.ip
+            and port == known.port and bus_port == known.bus_port and flags == known.flags):
+        # (equal to fields that passed the checks below, of the same types: they pass)
+        if cls.BATCH_KEY is not None:
+            return cls.decode_batch(known, body)
+        return [cls.from_payload(known, body)]
     sender = _node_id(sender)
     if type(ip) is not bytes or (ip and _IP.fullmatch(ip) is None):
         raise BusProtocolError("bad IP address field")
@@ -497,13 +507,14 @@ class FrameDecoder:
     Holds at most one partial frame (bounded by `max_frame`). After a BusProtocolError the
     decoder stays failed: the link must be closed."""
 
-    __slots__ = ("max_frame", "stats", "_buf", "_failed")
+    __slots__ = ("max_frame", "stats", "_buf", "_failed", "_header")
 
     def __init__(self, max_frame: int = MAX_FRAME, stats: BusStats | None = None) -> None:
         self.max_frame = max_frame
         self.stats = stats
         self._buf = bytearray()
         self._failed = False
+        self._header: Header | None = None  # the last frame's (see decode_frame)
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Message]:
         if self._failed:
@@ -525,7 +536,9 @@ class FrameDecoder:
                 end = pos + 4 + size
                 if end > end_of_data:
                     break
-                msgs = decode_frame(buf[pos + 4:end])
+                msgs = decode_frame(buf[pos + 4:end], self._header)
+                if msgs:
+                    self._header = msgs[0].header
                 if stats is not None:
                     stats.received(msgs[0].TYPE, size + 4,
                                    len(msgs) if len(msgs) > 1 else msgs[0].n)

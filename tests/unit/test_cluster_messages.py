@@ -421,3 +421,25 @@ def test_a_bad_dead_letter_field_is_a_protocol_error(field: object) -> None:
     with pytest.raises(BusProtocolError, match="job record"):
         FrameDecoder().feed(frame([V, bus.REPLJOB, NODE_A, b"", 7711, 17711, 0,
                                    [[too_long], False, [NODE_B]]]))
+
+
+# ---------------------------------------------------------------------------- header reuse
+def test_frames_of_one_sender_share_one_header_and_a_change_is_checked_again() -> None:
+    d = FrameDecoder()
+    (first,) = d.feed(frame(good_fields()))
+    (second,) = d.feed(frame(good_fields()))
+    assert second.header is first.header  # checked and built once per link
+    other = good_fields()
+    other[6] = 1 << bus.INCARNATION_SHIFT  # the sender restarted: a new header
+    (third,) = d.feed(frame(other))
+    assert third.header is not first.header and third.header.flags == other[6]
+    for field, bad in ((4, True), (5, True), (6, False), (3, b"bad ip")):
+        # equal to the known header's value in Python (True == 1...) or not: checked
+        d = FrameDecoder()
+        known = good_fields()
+        known[4], known[5], known[6] = 1, 1, 0
+        d.feed(frame(known))
+        fields = list(known)
+        fields[field] = bad
+        with pytest.raises(BusProtocolError):
+            d.feed(frame(fields))
