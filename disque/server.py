@@ -76,7 +76,9 @@ class Server:
             announce_ip=cfg.cluster_announce_ip.encode() or None,
             announce_port=cfg.cluster_announce_port or None, my_ip=bind_ip.encode(),
             # a new one at every start: peers re-replicate the copies we may have lost
-            incarnation=rng.getrandbits(INCARNATION_BITS) or 1)
+            incarnation=rng.getrandbits(INCARNATION_BITS) or 1,
+            # for HELLO on TLS connections (port 0: the node's port is its TLS port already)
+            tls_port=cfg.tls_port if cfg.port else 0)
         self.membership.load(entries)
         me = self.membership.me
         if (bind_ip and not cfg.cluster_announce_ip and len(binds) == len(cfg.bind)

@@ -46,7 +46,10 @@ from disque.cluster.effects import (
     normalize_ip,
 )
 from disque.cluster.messages import (
+    INCARNATION_MASK,
     INCARNATION_SHIFT,
+    TLS_PORT_FLAG,
+    TLS_PORT_SHIFT,
     BusStats,
     Fail,
     GossipEntry,
@@ -103,12 +106,13 @@ class Membership:
                  rng: random.Random, node_timeout: int = DEFAULT_NODE_TIMEOUT,
                  bus_port_offset: int = BUS_PORT_OFFSET, bus_port: int | None = None,
                  announce_ip: bytes | None = None, announce_port: int | None = None,
-                 my_ip: bytes = b"", incarnation: int = 0,
+                 my_ip: bytes = b"", incarnation: int = 0, tls_port: int = 0,
                  blacklist_ttl: int = BLACKLIST_TTL) -> None:
         self.clock = clock
         self.blacklist_ttl = blacklist_ttl  # ms; may be changed at any time (CONFIG SET)
         # announced in every header (see messages.INCARNATION_SHIFT); 0: none
         self.incarnation = incarnation
+        self.tls_port = tls_port  # announced in every header too (TLS_PORT_FLAG); 0: none
         self.rng = rng
         self.node_timeout = node_timeout  # ms; may be changed at any time (CONFIG SET)
         self.bus_port_offset = bus_port_offset
@@ -118,6 +122,7 @@ class Membership:
         self.announce_port = announce_port or 0
         me = ClusterNode(myself, self.announce_ip or my_ip, self.announce_port or port,
                          self._announced_bus_port(), MYSELF, ctime=clock())
+        me.tls_port = tls_port
         self.me = me
         self.table: dict[bytes, ClusterNode] = {myself: me}
         self.blacklist: dict[bytes, int] = {}  # forgotten ID -> until (ms)
@@ -156,8 +161,10 @@ class Membership:
 
     def _make_header(self) -> Header:
         me = self.me
-        return Header(me.id, self.announce_ip, me.port, me.bus_port,
-                      (me.bits & LEAVING) | (self.incarnation << INCARNATION_SHIFT))
+        flags = (me.bits & LEAVING) | (self.incarnation << INCARNATION_SHIFT)
+        if self.tls_port:
+            flags |= TLS_PORT_FLAG | (self.tls_port << TLS_PORT_SHIFT)
+        return Header(me.id, self.announce_ip, me.port, me.bus_port, flags)
 
     # ------------------------------------------------------------------ effects
     def drain(self) -> list[Effect]:
@@ -653,7 +660,12 @@ class Membership:
         self._log("node.address", node=_sid(node.id), ip=ip.decode(), port=port)
 
     def _sender_flags(self, node: ClusterNode, flags: int) -> None:
-        incarnation = flags >> INCARNATION_SHIFT
+        if flags & TLS_PORT_FLAG:
+            incarnation = (flags >> INCARNATION_SHIFT) & INCARNATION_MASK
+            node.tls_port = (flags >> TLS_PORT_SHIFT) & 0xFFFF
+        else:  # (a sender without a TLS port, or of a version that does not announce it)
+            incarnation = flags >> INCARNATION_SHIFT
+            node.tls_port = 0
         if incarnation and incarnation != node.incarnation:
             if node.incarnation:
                 self._log("node.restarted", node=_sid(node.id))

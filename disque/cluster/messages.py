@@ -12,7 +12,11 @@ sender's view of its own flags (see `disque.cluster.nodes`: only LEAVING is mean
 above INCARNATION_SHIFT, its incarnation: a random number drawn at every process start, so
 that a peer notices a restart even when it was quicker than the failure detection (the
 re-replication of disque.cluster.rereplication starts from it). A node that does not know it
-ignores those bits.
+ignores those bits. A sender with a TLS client port (`tls-port`) sets TLS_PORT_FLAG and puts
+that port above TLS_PORT_SHIFT (its incarnation then has INCARNATION_BITS, below it), so
+that HELLO on a TLS connection can list the other nodes' TLS ports; a node that does not
+know the flag reads those bits as part of the incarnation, the same value in every header
+of the sender's process, so it sees no restart that did not happen.
 
 Every message is a `__slots__` record holding a shared `Header` and its payload fields.
 Encoding is one `msgpack.packb` of the payload: the array prefix, version and type are
@@ -65,7 +69,10 @@ from disque.jobs.job import MAX_JOB_SECONDS
 VERSION = 2  # 2: job messages carry lists of jobs (batched frames)
 MAX_FRAME = 64 * 1024 * 1024  # default FrameDecoder limit (bytes of payload)
 INCARNATION_SHIFT = 16  # header flags: the sender's incarnation above its flag bits
-INCARNATION_BITS = 47  # (a u64 on the wire: 16 + 47 bits stay positive in any msgpack)
+INCARNATION_BITS = 31  # drawn at start (below TLS_PORT_SHIFT)
+INCARNATION_MASK = (1 << INCARNATION_BITS) - 1
+TLS_PORT_FLAG = 0x4000  # header flags: the sender announces its TLS client port
+TLS_PORT_SHIFT = INCARNATION_SHIFT + INCARNATION_BITS  # (16 bits: a u64 that stays positive)
 
 # ---------------------------------------------------------------------------- type numbers
 PING = 0

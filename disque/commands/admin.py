@@ -77,7 +77,9 @@ def cmd_hello(c: Caller, argv: list[bytes]) -> None:
         if not c.authenticated:
             c.out.append(b"-NOAUTH Authentication required.\r\n")
             return
-        c.out.append(encode(disque_hello(c.server), c.proto))
+        transport = c.transport
+        tls = transport is not None and transport.get_extra_info("ssl_object") is not None
+        c.out.append(encode(disque_hello(c.server, tls), c.proto))
         return
     try:
         protover = parse_int(argv[1])
@@ -122,11 +124,14 @@ def cmd_hello(c: Caller, argv: list[bytes]) -> None:
     }), c.proto))
 
 
-def disque_hello(server: Server) -> list[Any]:
+def disque_hello(server: Server, tls: bool = False) -> list[Any]:
     """`:1`, my node ID, then [id, ip, port, priority] per known node (port and priority
-    as bulk strings)."""
+    as bulk strings). `tls`: asked on a TLS connection, the nodes that announce a TLS
+    client port are listed with it (a client that discovers the cluster over TLS keeps
+    TLS for the other nodes); the others with their port."""
     node = server.node
-    entries = [[n.id, n.ip, str(n.port).encode(), str(n.priority).encode()]
+    entries = [[n.id, n.ip, str(n.tls_port if tls and n.tls_port else n.port).encode(),
+                str(n.priority).encode()]
                for n in node.hello_nodes()]
     return [1, node.myself, *entries]
 

@@ -347,3 +347,44 @@ def test_disque_worker_runs_jobs_over_tls_with_a_client_certificate(tmp_path: Pa
     finally:
         gen.close()
         node.stop()
+
+
+def hello_ports(port: int, pki: Pki | None = None) -> dict[bytes, int]:
+    """HELLO's node -> port, asked over TLS when `pki` is given."""
+    import hiredis
+
+    reader = hiredis.Reader()
+    sock: socket.socket = (tls_socket(port, pki) if pki is not None
+                           else socket.create_connection(("127.0.0.1", port), timeout=10))
+    with sock:
+        sock.sendall(b"*1\r\n$5\r\nHELLO\r\n")
+        reply: Any = False
+        while reply is False:
+            reader.feed(sock.recv(65536))
+            reply = reader.gets()
+    return {e[0]: int(e[2]) for e in reply[2:]}
+
+
+def test_hello_over_tls_lists_the_tls_ports_of_the_other_nodes(tmp_path: Path,
+                                                                pki: Pki) -> None:
+    """Nodes with a plain and a TLS port announce the TLS one in their bus headers: HELLO
+    on a TLS connection lists every node's TLS port, so a client that discovers the cluster
+    over TLS keeps TLS for the other nodes; HELLO on a plain connection, the plain ports."""
+    from disque.client import Client
+
+    a, a_tls = tls_node(tmp_path / "a", pki)
+    b, b_tls = tls_node(tmp_path / "b", pki)
+    try:
+        ra, rb = redis.Redis(port=a.port), redis.Redis(port=b.port)
+        assert ra.execute_command("CLUSTER", "MEET", "127.0.0.1", b.port) in (b"OK", True)
+        a_id, b_id = (r.execute_command("CLUSTER", "MYID") for r in (ra, rb))
+        wait_for(lambda: hello_ports(a_tls, pki).get(b_id) == b_tls, what="b's TLS port")
+        assert hello_ports(a_tls, pki) == {a_id: a_tls, b_id: b_tls}
+        assert hello_ports(a.port) == {a_id: a.port, b_id: b.port}
+        assert hello_ports(b_tls, pki) == {a_id: a_tls, b_id: b_tls}
+        with Client(f"disque+tls://127.0.0.1:{a_tls}", ssl_ca_certs=str(pki.ca)) as c:
+            assert c.add_job("tlshello", "over tls")  # (connects: HELLO fills the table)
+            assert sorted(n.port for n in c.nodes) == sorted([a_tls, b_tls])
+    finally:
+        a.stop()
+        b.stop()

@@ -6,7 +6,17 @@ from __future__ import annotations
 import random
 
 from disque.cluster.membership import Connect, Log, Membership
-from disque.cluster.messages import INCARNATION_SHIFT, GotJob, Header, Ping, ReplJob
+from disque.cluster.messages import (
+    INCARNATION_BITS,
+    INCARNATION_MASK,
+    INCARNATION_SHIFT,
+    TLS_PORT_FLAG,
+    TLS_PORT_SHIFT,
+    GotJob,
+    Header,
+    Ping,
+    ReplJob,
+)
 from disque.cluster.nodes import LEAVING
 from disque.cluster.records import CONFIRM_MS, MAX_ATTEMPTS
 from disque.cluster.rereplication import FIRST_SIGHT_MS, SCAN_PER_TICK
@@ -64,6 +74,23 @@ def test_headers_announce_the_node_s_incarnation_above_its_flags() -> None:
     assert m.header.flags >> INCARNATION_SHIFT == 12345
     m.set_leaving(True)
     assert m.header.flags >> INCARNATION_SHIFT == 12345 and m.header.flags & 32
+
+
+def test_headers_announce_a_tls_port_that_older_nodes_read_as_a_steady_incarnation() -> None:
+    # issue 23: HELLO on a TLS connection lists the TLS ports the headers announce
+    m = Membership(ME, 7711, clock=lambda: T0, rng=random.Random(1), incarnation=12345,
+                   tls_port=6380)
+    flags = m.header.flags
+    assert flags & TLS_PORT_FLAG and flags >> TLS_PORT_SHIFT == 6380 and flags < 1 << 63
+    assert (flags >> INCARNATION_SHIFT) & INCARNATION_MASK == 12345 and m.me.tls_port == 6380
+    r = Rig()
+    r.ping_from(A, 7 | 6380 << INCARNATION_BITS, TLS_PORT_FLAG)  # a TLS port: parsed
+    assert (r.m.get(A).incarnation, r.m.get(A).tls_port) == (7, 6380)
+    old = (1 << 46) | 99  # a sender of the version before: a 47-bit incarnation, no flag
+    r.ping_from(B, old)
+    assert (r.m.get(B).incarnation, r.m.get(B).tls_port) == (old, 0)
+    r.ping_from(B, old)
+    assert not [e for e in r.m.drain() if type(e) is Log and e.event == "node.restarted"]
 
 
 def test_a_restarted_holder_gets_its_copies_again_and_confirms_them() -> None:
