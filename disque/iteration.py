@@ -43,6 +43,10 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("disque")
 
+# Bus messages that tell the sender a copy is held here: not sent when its record could
+# not be written to the AOF.
+CONFIRMS_COPY = (GotJob, GotJobBatch)
+
 _time_ns = time.time_ns
 
 
@@ -54,12 +58,13 @@ def wall_ms() -> int:
 class Iteration:
     """The per-iteration work of one server (`server.iteration`)."""
 
-    def __init__(self, node: Node, bus: Bus, membership: Membership) -> None:
+    def __init__(self, node: Node, bus: Bus, membership: Membership,
+                 aofm: AofManager) -> None:
         self.node = node
         self.bus = bus
         self.membership = membership
+        self.aofm = aofm
         self.loop: asyncio.AbstractEventLoop | None = None  # set once the loop runs
-        self.aofm: AofManager | None = None  # set once the server built it
         self.route_scheduled = False
         self.deferred: list[Client] = []  # clients whose replies are written at iteration end
         self.wake_handle: asyncio.TimerHandle | None = None
@@ -92,9 +97,9 @@ class Iteration:
             return
         node.out = []
         aofm = self.aofm
-        if aofm is not None and aofm.aof is not None and not aofm.flush_before_send():
+        if aofm.aof is not None and not aofm.flush_before_send():
             # what they would confirm is not on disk: the sender tries another node
-            out = [(n, m) for n, m in out if not isinstance(m, (GotJob, GotJobBatch))]
+            out = [(n, m) for n, m in out if not isinstance(m, CONFIRMS_COPY)]
         table = self.membership.table
         for node_id, msg in out:
             n = table.get(node_id)
@@ -122,8 +127,7 @@ class Iteration:
         aofm = self.aofm
         for c in clients:
             c.in_deferred = False
-            if not c.closing and c.transport is not None and (
-                    aofm is None or not aofm.hold(c)):
+            if not c.closing and c.transport is not None and not aofm.hold(c):
                 c.flush()
 
     # ------------------------------------------------------------------ timers

@@ -34,7 +34,7 @@ from disque import config_hooks
 from disque.aof.manager import AofManager
 from disque.cluster.bus import Bus
 from disque.cluster.membership import Membership, new_node_id
-from disque.cluster.messages import INCARNATION_BITS, GotJob, GotJobBatch
+from disque.cluster.messages import INCARNATION_BITS
 from disque.commands import TABLE, load_all
 from disque.config import Config, specific_binds
 from disque.connection import Client
@@ -98,10 +98,6 @@ class Server:
         self.bus = Bus(self.membership, password=cfg.cluster_password,
                        save_config=self.save_nodes_conf,
                        link_changed=self.node.link_changed)
-        # routing, delivery, deferred replies, the loop timer (compiled: per job)
-        self.iteration = Iteration(self.node, self.bus, self.membership)
-        self.node.on_out = self.iteration.schedule_route
-        self.bus.deliver_job_message = self.iteration.on_job_message
         self.ack_sent = False  # an ACKJOB queued bus messages: route them before replying
         if fresh:
             self.save_nodes_conf(self.membership.nodes_conf())
@@ -133,7 +129,10 @@ class Server:
         self.apply_limits()
         config_hooks.install(self)
         self.aofm = AofManager(self)
-        self.iteration.aofm = self.aofm
+        # routing, delivery, deferred replies, the loop timer (compiled: per job)
+        self.iteration = Iteration(self.node, self.bus, self.membership, self.aofm)
+        self.node.on_out = self.iteration.schedule_route
+        self.bus.deliver_job_message = self.iteration.on_job_message
         self.dispatch = Dispatcher(cfg, self.node, self.latency, self.aofm, load_all())
 
     @property
@@ -350,10 +349,6 @@ def new_http_side(server: Server) -> HttpSide:
     assert server.loop is not None
     return HttpSide(NodeView(server), server.loop, server.tls if server.cfg.tls_http else None)
 
-
-# Bus messages that tell the sender a copy is held here: not sent when its record could
-# not be written to the AOF.
-CONFIRMS_COPY = (GotJob, GotJobBatch)
 
 
 __all__ = ["Client", "Server", "main", "TABLE"]

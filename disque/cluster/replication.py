@@ -38,13 +38,12 @@ from disque.cluster.messages import (
     ReplJobBatch,
 )
 from disque.cluster.records import job_record
-from disque.jobs.job import ACTIVE, F_RELOADED, JOB_MEMORY, QUEUED, WAIT_REPL, Job
+from disque.jobs.job import ACTIVE, F_RELOADED, JOB_MEMORY, WAIT_REPL, Job
 from disque.protocol.errors import CommandError, leaving
 from disque.queues.queue import PAUSE_IN, Queue
 from disque.state import NodeState
 
 REPL_RETRY_MS = 50  # one more target every 50 ms while a sync ADDJOB is short
-MAX_UNVERIFIED = 100_000  # jobs remembered per node in `unverified`
 
 NOREPL_TIMEOUT = "Timeout reached before replicating to the requested number of nodes"
 NOREPL_REMOVED = "job removed (expired?) before the requested replication level was achieved"
@@ -157,18 +156,19 @@ class JobReplication:
     """The replication subsystem of a node (`node.replication`)."""
 
     def __init__(self, state: NodeState, copy_confirmed: Callable[[bytes, bytes], None],
-                 reload_confirmed: Callable[[bytes], None]) -> None:
+                 reload_confirmed: Callable[[bytes], None],
+                 copy_again: Callable[[bytes, Job, int], None]) -> None:
         self.state = state
         self.copy_confirmed = copy_confirmed  # a GOTJOB answering no ADDJOB
         self.reload_confirmed = reload_confirmed  # a reloaded copy proved alive
+        # (target, job, now): the job to a node that may not hold it, until its GOTJOB
+        # (re-replication's copies: disque.cluster.rereplication)
+        self.copy_again = copy_again
         self.replicating: dict[bytes, Replication] = {}  # sync ADDJOBs waiting for GOTJOB
         self.repl_timer: ReplTimer | None = None  # the newest replications' timer
         # the newest REPLJOB sent, and to which nodes (see start_replication)
         self.repl_last: ReplJob | ReplJobsOut | None = None
         self.repl_last_targets: Sequence[bytes] = ()
-        # node -> jobs listed there that it did not confirm before their ADDJOB achieved
-        # its copies, and has not confirmed since (see `verify_unconfirmed`)
-        self.unverified: dict[bytes, set[bytes]] = {}
 
     def start_replication(self, job: Job, targets: Sequence[bytes], external: bool,
                           async_: bool, now: int) -> None:
@@ -290,11 +290,7 @@ class JobReplication:
         Down: every replication in flight that lists the node without its GOTJOB gets
         other linked nodes at once, as many as it is now short (see `replicate_more`): a
         REPLJOB lost with the link is not waited for. Up: replications short of linked
-        candidates (fewer linked nodes than REPLICATE asked for) take the node now, and
-        the node gets the jobs it is listed for without having confirmed them
-        (`verify_unconfirmed`)."""
-        if up and self.unverified:
-            self.send_unverified(node_id)
+        candidates (fewer linked nodes than REPLICATE asked for) take the node now."""
         if not self.replicating:
             return
         linked = self.state.linked_others()
@@ -396,49 +392,15 @@ class JobReplication:
         REPLJOB lost with a dropped link (the job was re-targeted) or still on its way.
         Listed, such a node counts as a holder for repair (disque.cluster.repair) and the
         other holders cannot tell that it holds nothing: a phantom copy, and the job one
-        crash closer to lost than it looks. So the job is sent to it again (a copy, or a
-        merge if the first one arrived), now if its link is up, and again each time its
-        link comes back up (`send_unverified`) until it answers GOTJOB: a REPLJOB sent on
-        a link that breaks before it arrives is lost with the link."""
-        st = self.state
-        myself = st.myself
+        crash closer to lost than it looks. So the job goes to it again as re-replication
+        sends its copies (`copy_again`): until it answers GOTJOB (a copy, or a merge if the
+        first one arrived), waiting while its link is down (a REPLJOB sent on a link that
+        breaks before it arrives is lost with the link)."""
+        myself = self.state.myself
         confirmed = job.confirmed
-        link_up = st.link_up
-        msg: ReplJob | None = None
         for n in job.delivered:
-            if n == myself or n in confirmed:
-                continue
-            ids = self.unverified.get(n)
-            if ids is None:
-                ids = self.unverified[n] = set()
-            if len(ids) < MAX_UNVERIFIED:
-                ids.add(job.id)
-            if link_up(n):
-                if msg is None:
-                    msg = ReplJob(st.header(), job_record(job, now), False)
-                st.send(n, msg)
-
-    def send_unverified(self, node_id: bytes) -> None:
-        """The link to `node_id` came up: the jobs listing it that it never confirmed go to
-        it again (one REPLJOB frame, answered by GOTJOB); the jobs gone meanwhile are
-        forgotten."""
-        ids = self.unverified.get(node_id)
-        if not ids:
-            return
-        st = self.state
-        now = st.clock()
-        recs = []
-        for job_id in list(ids):
-            job = st.lookup_job(job_id)
-            if job is None or (job.state != ACTIVE and job.state != QUEUED) \
-                    or node_id not in job.delivered:
-                ids.discard(job_id)  # gone, acknowledged, or no longer listing it
-            else:
-                recs.append(job_record(job, now))
-        if not ids:
-            del self.unverified[node_id]
-        if recs:
-            st.send(node_id, ReplJobsOut(st.header(), recs, False))
+            if n != myself and n not in confirmed:
+                self.copy_again(n, job, now)
 
     def replication_removed(self, job: Job) -> None:
         """A job still waiting for replication disappeared (expiry, DELJOB, flush)."""
@@ -565,12 +527,6 @@ class JobReplication:
         job = rep.job if rep is not None else self.state.lookup_job(job_id)
         if job is None or job.state != WAIT_REPL:
             if rep is None:
-                if self.unverified:
-                    ids = self.unverified.get(sender)
-                    if ids and job_id in ids:  # the copy a phantom was sent, confirmed
-                        ids.discard(job_id)
-                        if not ids:
-                            del self.unverified[sender]
                 self.copy_confirmed(sender, job_id)  # re-replication's or repair's
             return
         if sender not in job.confirmed:

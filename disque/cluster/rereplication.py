@@ -36,6 +36,9 @@ Rules:
   at most MAX_ATTEMPTS times (a node that refuses copies, e.g. above its memory limit, is
   not asked forever).
 
+The same copies serve the replication subsystem's phantom holders (`copy_again`): a node an
+ADDJOB listed that never confirmed its copy gets the job this way, until its GOTJOB.
+
 INFO (jobs section): `rereplication_nodes` (restarted nodes whose copies are being
 restored), `rereplication_pending` (copies sent, GOTJOB not back yet), `rereplicated_jobs`
 (copies confirmed since start).
@@ -45,7 +48,7 @@ from __future__ import annotations
 
 from disque.cluster.messages import ReplJob
 from disque.cluster.nodes import HANDSHAKE, MYSELF
-from disque.cluster.records import MAX_ATTEMPTS, job_record, overdue
+from disque.cluster.records import CONFIRM_MS, MAX_ATTEMPTS, job_record, overdue
 from disque.jobs.job import ACTIVE, F_DUMMY, F_RELOADED, QUEUED, Job
 from disque.state import NodeState
 
@@ -114,6 +117,17 @@ class Rereplication:
         self.cursors[node_id] = 0
         for key in [k for k in self.inflight if k[0] == node_id]:
             del self.inflight[key]
+
+    def copy_again(self, target: bytes, job: Job, now: int) -> None:
+        """Send `job` to `target`, which is listed for it without having confirmed a copy
+        (disque.cluster.replication's phantom holders): now if it is reachable, else once
+        its link is back; again until its GOTJOB, as the copies of a walk."""
+        if (target, job.id) in self.inflight:
+            return
+        if self._reachable(target):
+            self._send(target, job, now, 1)
+        else:
+            self.inflight[(target, job.id)] = (now - CONFIRM_MS, 0)  # due once reachable
 
     def confirmed(self, sender: bytes, job_id: bytes) -> None:
         if self.inflight.pop((sender, job_id), None) is not None:

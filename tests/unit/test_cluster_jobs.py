@@ -46,11 +46,13 @@ from disque.cluster.messages import (
     YourJobs,
 )
 from disque.cluster.nodes import LEAVING, ClusterNode
+from disque.cluster.records import CONFIRM_MS
 from disque.cluster.replication import NOREPL_REMOVED, NOREPL_TIMEOUT, ReplWaiter
 from disque.cluster.requeue import sender_wins
 from disque.jobs.ids import IdGenerator, id_is_at_least_once, id_ttl_minutes
 from disque.jobs.job import ACKED, ACTIVE, F_DUMMY, QUEUED, WAIT_REPL, Job
 from disque.jobs.serialize import deserialize_job, serialize_job
+from disque.node import CLUSTER_CRON_MS as CLUSTER_CRON
 from disque.node import Node, Waiter
 from disque.protocol.errors import CommandError
 from disque.queues.queue import PAUSE_IN, PAUSE_OUT
@@ -631,17 +633,20 @@ def test_a_node_listed_without_confirming_gets_the_job_when_its_link_comes_back(
     def reconnect() -> list[tuple[bytes, Any]]:
         r.now += 150  # (the reconnect backoff)
         r.link(lost)
+        r.advance(CLUSTER_CRON + RES)  # re-replication's cron sends what is due
         return [(n, m) for n, m in r.take() if isinstance(m, (ReplJob, ReplJobBatch))]
 
-    # sent with each reconnection until it answers: a REPLJOB is lost with a broken link
+    # sent again once its link is back, until it answers: a REPLJOB is lost with a broken
+    # link (re-replication's copies: every CONFIRM_MS while unconfirmed and reachable)
     for _ in range(2):
         ((to, msg),) = reconnect()
         assert to == lost and not msg.noreply
         (rec,) = msg.messages() if isinstance(msg, ReplJobBatch) else [msg]
         assert rec.job.id == job.id and set(rec.job.delivered) == set(job.delivered)
         r.drop_link(lost)
+        r.advance(CONFIRM_MS)
     r.node.on_message(lost, GotJob(hdr(lost), job.id))
-    assert not r.node.replication.unverified
+    assert (lost, job.id) not in r.node.rereplication.inflight
     assert reconnect() == []
 
 
@@ -658,8 +663,9 @@ def test_an_acknowledged_job_is_not_sent_to_a_node_that_never_confirmed_it() -> 
     r.take()
     r.now += 150
     r.link(lost)
+    r.advance(CLUSTER_CRON + RES)
     assert not [m for _, m in r.take() if isinstance(m, (ReplJob, ReplJobBatch))]
-    assert not r.node.replication.unverified
+    assert not r.node.rereplication.inflight
 
 
 def test_a_linked_node_listed_without_confirming_gets_the_job_when_it_is_added() -> None:
@@ -674,7 +680,7 @@ def test_a_linked_node_listed_without_confirming_gets_the_job_when_it_is_added()
     sent = of(r.take(), ReplJob)
     assert [(n, m.noreply, m.job.id) for n, m in sent] == [(slow, False, job.id)]
     r.node.on_message(slow, GotJob(hdr(slow), job.id))
-    assert not r.node.replication.unverified
+    assert not r.node.rereplication.inflight
 
 
 def test_a_job_acked_before_its_copies_are_confirmed_is_not_sent_again() -> None:
@@ -682,7 +688,7 @@ def test_a_job_acked_before_its_copies_are_confirmed_is_not_sent_again() -> None
     job, client = r.add_sync(replicate=3, timeout=10_000)
     t1, t2 = targets(r.take(), ReplJob)
     r.node.on_message(t1, SetAck(hdr(t1), job.id, 3))  # acked elsewhere already
-    assert not of(r.take(), ReplJob) and not r.node.replication.unverified
+    assert not of(r.take(), ReplJob) and not r.node.rereplication.inflight
 
 
 def test_a_link_drop_with_no_other_linked_node_waits_and_times_out_with_norepl() -> None:
