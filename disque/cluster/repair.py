@@ -17,14 +17,21 @@ until it has REPLICATE reachable copies again:
   has not refilled with this job yet (its walk for that node under way, or this job's copy
   not confirmed): counted, it would hide the job's shortage until its refill, which takes
   seconds with a large backlog, and a second crash in those seconds would lose the job.
-  Fewer than REPLICATE and every holder that finds it so repairs it, choosing the same
-  new nodes: the linked nodes not listed yet, ranked for this job (node IDs XORed with the
-  job ID's random chars, as `sender_wins` does, so the new copies spread over the
-  cluster). The holders' copies to a new node are one copy there (the second REPLJOB
-  merges). One elected holder would be cheaper, but a job's list can name a node that
-  never got its copy (an ADDJOB's REPLJOB lost with a dropped connection, the job
-  re-targeted): elected, that node would repair nothing, and the job, one crash from
-  lost, would wait (the simulation's seed 468 lost a job so);
+  Fewer than REPLICATE, and the job gets new copies on the nodes without one ranked
+  first for this job (node IDs XORed with the job ID's random chars, as `sender_wins`
+  does, so the new copies spread over the cluster): linked nodes not listed, or listed but
+  restarted empty and not refilled with it yet (no list grows for those);
+- the reachable holders are ranked the same way and the one ranked first makes the
+  copies; the others leave the job (`deferred`) and walk again DEFER_MS after their walk
+  ends, copying what is still short then. Every holder copying at once doubled the copies
+  a crash costs, and with a large backlog and a crash every few seconds the repairs fell
+  behind (chaos random-kill lost jobs so); the others still copy, a second later, because
+  a job's list can name a node that never got its copy (an ADDJOB's REPLJOB lost with a
+  dropped connection, the job re-targeted): the only one to copy, that node would repair
+  nothing, and the job, one crash from lost, would wait (the simulation's seed 468);
+- the jobs of which this node holds the one copy counted go first: on every change an
+  urgent walk (`urgent`) copies only those, one new copy each, before the other walk goes
+  on; a second crash would lose them, one that the rest can survive;
 - the repairer adds the new nodes to its node list of the job first, then sends them the
   job (REPLJOB, GOTJOB back); once a new copy is confirmed, the other reachable holders
   learn the grown list (REPLJOB without reply: a merge, or a copy for a holder that never
@@ -64,11 +71,15 @@ from disque.jobs.job import ACTIVE, F_DUMMY, F_RELOADED, QUEUED, Job
 from disque.state import NodeState
 from disque.timers import Timer
 
-DEFAULT_RATE = 5000  # copies per second (repair-rate)
+DEFAULT_RATE = 10000  # copies per second (repair-rate)
 DEFAULT_GRACE_MS = 1000  # a holder unreachable this long has its copies made again
 CRON_PER_SECOND = 10  # the cluster cron runs every 100 ms
 STEP_MS = 10  # a walk goes on in steps this far apart (short pauses for the clients)
 SCAN_PER_STEP = 2000  # jobs looked at per step
+# A job short of copies is left to the reachable holder ranked first; this long after the
+# walk that left it, the others walk again and copy what is still short (that holder may
+# list the job without holding it)
+DEFER_MS = 1000
 
 
 def rank(node_id: bytes, job_id: bytes) -> int:
@@ -94,7 +105,8 @@ class Repair:
     `jobs.shard(i)`, `lookup_job(id)`, `send(node_id, msg)`, `header()`, `myself`, `rng`."""
 
     __slots__ = ("node", "rate", "grace", "down", "stale_seen", "linked_seen", "view",
-                 "cursor", "again", "timer", "tokens", "last_step", "inflight", "pending",
+                 "cursor", "urgent", "again", "timer", "tokens", "last_step", "inflight", "pending",
+                 "deferred", "deferred_seen", "rewalk_at",
                  "repaired", "under", "found", "refilling")
 
     def __init__(self, node: NodeState, refilling: Refilling, rate: int = DEFAULT_RATE,
@@ -110,6 +122,9 @@ class Repair:
         self.view: tuple[tuple[bytes, ...], set[bytes], set[bytes], frozenset[bytes]] = (
             (), set(), set(), frozenset())
         self.cursor = -1  # next registry shard of the walk under way (-1: none)
+        # next shard of the urgent walk (-1: none): the jobs only this node holds among
+        # the reachable ones, one crash from lost, go before the others on every change
+        self.urgent = -1
         self.again = False  # walk again once the walk under way ends
         self.timer = Timer(self.step)  # the walk's next step (awake 0: not scheduled)
         self.tokens = 0.0  # copies the rate allows now
@@ -117,6 +132,10 @@ class Repair:
         # (target, job ID) -> (sent at ms, attempts): copies waiting for their GOTJOB
         self.inflight: dict[tuple[bytes, bytes], tuple[int, int]] = {}
         self.pending: dict[bytes, int] = {}  # job ID -> its entries in `inflight`
+        # short jobs left to the holder ranked first (this walk's, the last walk's)
+        self.deferred: set[bytes] = set()
+        self.deferred_seen: set[bytes] = set()
+        self.rewalk_at = 0  # ms: walk again then, for the jobs deferred (0: no need)
         self.repaired = 0
         self.under = 0  # found by the last finished walk
         self.found = 0  # found so far by the walk under way
@@ -150,33 +169,44 @@ class Repair:
         spared.update(n for n in down if n not in stale)
         if not stale:
             self.under = self.found = 0
-            self.cursor = -1
+            self.deferred = set()
+            self.deferred_seen = set()
+            self.rewalk_at = 0
+            self.cursor = self.urgent = -1
             self.again = False
-        elif stale != self.stale_seen or linked is not self.linked_seen:
+        elif stale != self.stale_seen or linked is not self.linked_seen or (
+                self.rewalk_at and now >= self.rewalk_at and self.cursor < 0):
+            self.rewalk_at = 0
             self.walk_again()
         self.stale_seen = stale
         self.linked_seen = linked
         self.view = (linked, alive, spared, stale)
         if self.inflight:
             self._resend(now, max(1, self.rate // CRON_PER_SECOND), alive)
-        if self.cursor >= 0 and not self.timer.awake:
+        if (self.cursor >= 0 or self.urgent >= 0) and not self.timer.awake:
             self.tokens = 1.0
             self.last_step = now
             self.node.wheel.schedule(self.timer, now)
 
     def step(self, now: int) -> None:
         """One step of the walk (the timer's callback; the wheel cleared `awake`)."""
-        if self.cursor < 0 or not self.rate:
+        if (self.cursor < 0 and self.urgent < 0) or not self.rate:
             return
         self.tokens = min(self.tokens + self.rate * (now - self.last_step) / 1000,
                           self.rate / CRON_PER_SECOND + 1)
         self.last_step = now
         if self.tokens >= 1:
-            self.tokens -= int(self.tokens) - self._walk(now, int(self.tokens))
-        if self.cursor >= 0:
+            budget = int(self.tokens)
+            if self.urgent >= 0:
+                budget = self._walk(now, budget, True)
+            if self.urgent < 0 and self.cursor >= 0 and budget > 0:
+                budget = self._walk(now, budget, False)
+            self.tokens -= int(self.tokens) - budget
+        if self.cursor >= 0 or self.urgent >= 0:
             self.node.wheel.schedule(self.timer, now + STEP_MS)
 
     def walk_again(self) -> None:
+        self.urgent = 0
         if self.cursor < 0:
             self.cursor = 0
             self.found = 0
@@ -216,20 +246,23 @@ class Repair:
         return True
 
     # ------------------------------------------------------------------ internals
-    def _walk(self, now: int, budget: int) -> int:
+    def _walk(self, now: int, budget: int, urgent: bool) -> int:
         """Look at the next shards' jobs (as the last tick saw the cluster: `view`),
-        copying those this node repairs: the budget left."""
+        copying those this node repairs: the budget left. The `urgent` walk copies only
+        the jobs of which this node holds the one copy counted."""
         linked, alive, spared, stale = self.view
         node = self.node
         jobs = node.jobs
         count = jobs.shard_count()
         myself = node.myself
         pending = self.pending
+        deferred = self.deferred
+        deferred_seen = self.deferred_seen
         # restarted nodes this node's re-replication is still refilling, and its copies
         # sent but not confirmed: not counted as holders of those jobs yet
         refilling = self.refilling.cursors
         unconfirmed = self.refilling.inflight
-        cursor = self.cursor
+        cursor = self.urgent if urgent else self.cursor
         looked = 0
         # per distinct node list (jobs added together share one tuple): its reachable
         # holders and the copies it is short of (holders within their grace count)
@@ -259,22 +292,41 @@ class Repair:
                         live = [n for n in live if n not in waiting]
                         counted -= len(waiting)
                 short = job.repl - counted
-                if short <= 0:
+                if short <= 0 or (urgent and counted > 1):
                     continue
                 if job_id in pending:
                     continue  # a repair of it is under way
-                candidates = [n for n in linked if n not in delivered]
-                if not candidates:
-                    self.found += 1  # nowhere to copy it now (walked again on a change)
+                if not urgent and len(live) > 1 and job_id not in deferred_seen and \
+                        myself in live and min(live, key=lambda n: rank(n, job_id)) != myself:
+                    # another reachable holder ranks first and copies it; this node
+                    # does only if the next walk finds the job still short (that
+                    # holder may list the job without holding it)
+                    deferred.add(job_id)
                     continue
+                # linked nodes without a copy: not listed, or listed but restarted empty and
+                # not refilled with it yet (the copy goes to them first: no list grows)
+                candidates = [n for n in linked if n not in delivered or (
+                    n in refilling and (n, job_id) not in unconfirmed)]
+                if not candidates:
+                    if not urgent:
+                        self.found += 1  # nowhere to copy it now (walked again on a change)
+                    continue
+                if urgent:
+                    short = 1  # a second copy first; the other walk makes the rest
                 if len(candidates) > short:  # the same choice on every holder
                     candidates.sort(key=lambda n: rank(n, job_id))
                 targets = candidates[:short]
                 self._copy(job, targets, now)  # (job.delivered is a new tuple now)
                 budget -= len(targets)
-        if cursor >= count:
+        if urgent:
+            self.urgent = cursor if cursor < count else -1
+        elif cursor >= count:
             self.under = self.found
             self.found = 0
+            self.deferred_seen = self.deferred
+            self.deferred = set()
+            if self.deferred_seen:
+                self.rewalk_at = now + DEFER_MS
             if self.again:
                 self.again = False
                 self.cursor = 0
@@ -288,7 +340,7 @@ class Repair:
         """Grow the job's node list here and send the job to `targets`; the other holders
         learn the grown list once a new copy is confirmed (`confirmed`)."""
         node = self.node
-        job.delivered = job.delivered + tuple(targets)
+        job.delivered = job.delivered + tuple(t for t in targets if t not in job.delivered)
         msg = ReplJob(node.header(), job_record(job, now), False)
         for t in targets:
             node.send(t, msg)

@@ -172,7 +172,8 @@ def test_info_ping_and_raw_commands(client: Client):
     assert set(client.info("jobs")) == {"registered_jobs", "deadlettered_jobs",
                                         "redriven_jobs", "redrive_pending",
                                         "rereplication_nodes", "rereplication_pending",
-                                        "rereplicated_jobs", "underreplicated_jobs",
+                                        "rereplicated_jobs", "rereplication_unlisted",
+                                        "underreplicated_jobs",
                                         "repaired_jobs"}
     assert client.ping() == "PONG"
     assert client.execute_command("ECHO", "hi") == b"hi"

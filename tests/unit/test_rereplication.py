@@ -104,10 +104,10 @@ def test_a_restarted_holder_gets_its_copies_again_and_confirms_them() -> None:
     (msg,) = [m for _, m in out if type(m) is ReplJob]
     assert set(msg.job.delivered) == {A, B, ME} and not msg.noreply
     assert r.info() == {"rereplication_nodes": 0, "rereplication_pending": 1,
-                        "rereplicated_jobs": 0}
+                        "rereplicated_jobs": 0, "rereplication_unlisted": 0}
     r.node.on_message(A, GotJob(Header(A, b"", 7711, 17711, 0), jid))
     assert r.info() == {"rereplication_nodes": 0, "rereplication_pending": 0,
-                        "rereplicated_jobs": 1}
+                        "rereplicated_jobs": 1, "rereplication_unlisted": 0}
     assert repljobs(r.cron()) == []
 
 
@@ -221,3 +221,26 @@ def test_a_second_restart_during_the_walk_starts_it_over() -> None:
     rest = [repljobs(r.cron()) for _ in range(4)]
     assert len(first) == 1
     assert {j for s in rest for _, j in s} == jids
+
+
+def test_a_job_with_its_copies_elsewhere_unlists_the_restarted_node_instead() -> None:
+    # Refilling a restarted node with every job it ever held costs a copy per job and
+    # restart: with a large backlog and a restart every few seconds, those copies starved
+    # the repairs that keep jobs alive (chaos random-kill lost up to a third of its jobs).
+    # A job that has its REPLICATE copies without the node (repair made them while it was
+    # down) leaves it off its list instead.
+    r = Rig()
+    enough = r.copy(delivered=(A, B, ME))
+    r.node.lookup_job(enough).repl = 2  # ME and B: REPLICATE 2 without A
+    short = r.copy(delivered=(A, B, ME))  # REPLICATE 3: needs A's copy again
+    r.restart(A)
+    assert repljobs(r.cron()) == [(A, short)]
+    assert r.node.lookup_job(enough).delivered == (B, ME)
+    assert r.node.lookup_job(short).delivered == (A, B, ME)
+    assert r.info()["rereplication_unlisted"] == 1
+    # a holder itself restarted and not refilled yet does not count as a copy
+    again = r.copy(delivered=(A, B, ME))
+    r.node.lookup_job(again).repl = 2
+    r.node.rereplication.cursors[B] = 0  # B restarted too: our walk for it under way
+    r.restart(A)
+    assert (A, again) in repljobs(r.cron())
