@@ -36,7 +36,7 @@ from disque.cluster.bus import Bus
 from disque.cluster.membership import Membership, new_node_id
 from disque.cluster.messages import INCARNATION_BITS
 from disque.commands import TABLE, load_all
-from disque.config import Config, specific_binds
+from disque.config import Config, on_set, specific_binds
 from disque.connection import Client
 from disque.cron import Cron
 from disque.dispatch import Dispatcher
@@ -78,7 +78,9 @@ class Server:
             # a new one at every start: peers re-replicate the copies we may have lost
             incarnation=rng.getrandbits(INCARNATION_BITS) or 1,
             # for HELLO on TLS connections (port 0: the node's port is its TLS port already)
-            tls_port=cfg.tls_port if cfg.port else 0)
+            tls_port=cfg.tls_port if cfg.port else 0,
+            # peers keep us on their jobs' lists after a restart: we may reload copies
+            persistent=cfg.appendonly)
         self.membership.load(entries)
         me = self.membership.me
         if (bind_ip and not cfg.cluster_announce_ip and len(binds) == len(cfg.bind)
@@ -129,6 +131,8 @@ class Server:
         self.apply_limits()
         config_hooks.install(self)
         self.aofm = AofManager(self)
+        # after the AOF manager's hook, which may refuse to turn the AOF on
+        on_set(cfg, "appendonly", lambda c, _: self.membership.set_persistent(c.appendonly))
         # routing, delivery, deferred replies, the loop timer (compiled: per job)
         self.iteration = Iteration(self.node, self.bus, self.membership, self.aofm)
         self.node.on_out = self.iteration.schedule_route

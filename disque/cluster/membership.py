@@ -48,6 +48,7 @@ from disque.cluster.effects import (
 from disque.cluster.messages import (
     INCARNATION_MASK,
     INCARNATION_SHIFT,
+    PERSIST_FLAG,
     TLS_PORT_FLAG,
     TLS_PORT_SHIFT,
     BusStats,
@@ -107,7 +108,7 @@ class Membership:
                  bus_port_offset: int = BUS_PORT_OFFSET, bus_port: int | None = None,
                  announce_ip: bytes | None = None, announce_port: int | None = None,
                  my_ip: bytes = b"", incarnation: int = 0, tls_port: int = 0,
-                 blacklist_ttl: int = BLACKLIST_TTL) -> None:
+                 persistent: bool = False, blacklist_ttl: int = BLACKLIST_TTL) -> None:
         self.clock = clock
         self.blacklist_ttl = blacklist_ttl  # ms; may be changed at any time (CONFIG SET)
         # announced in every header (see messages.INCARNATION_SHIFT); 0: none
@@ -123,6 +124,7 @@ class Membership:
         me = ClusterNode(myself, self.announce_ip or my_ip, self.announce_port or port,
                          self._announced_bus_port(), MYSELF, ctime=clock())
         me.tls_port = tls_port
+        me.persistent = persistent  # announced in every header too (PERSIST_FLAG)
         self.me = me
         self.table: dict[bytes, ClusterNode] = {myself: me}
         self.blacklist: dict[bytes, int] = {}  # forgotten ID -> until (ms)
@@ -164,6 +166,8 @@ class Membership:
         flags = (me.bits & LEAVING) | (self.incarnation << INCARNATION_SHIFT)
         if self.tls_port:
             flags |= TLS_PORT_FLAG | (self.tls_port << TLS_PORT_SHIFT)
+        if me.persistent:
+            flags |= PERSIST_FLAG
         return Header(me.id, self.announce_ip, me.port, me.bus_port, flags)
 
     # ------------------------------------------------------------------ effects
@@ -356,6 +360,12 @@ class Membership:
             if node.out_link is not None and not node.bits & HANDSHAKE:
                 self.outbox.append(Send(node.out_link, Pong(self.header, gossip_entries(self.table, node, self.rng))))
         self._flush()
+
+    def set_persistent(self, flag: bool) -> None:
+        """appendonly turned on or off: the headers say so from now on."""
+        if self.me.persistent != flag:
+            self.me.persistent = flag
+            self.header = self._make_header()
 
     def set_leaving(self, flag: bool) -> None:
         """CLUSTER LEAVING yes|no: flag myself; every node copies it from my header. A PONG to
@@ -666,6 +676,7 @@ class Membership:
         else:  # (a sender without a TLS port, or of a version that does not announce it)
             incarnation = flags >> INCARNATION_SHIFT
             node.tls_port = 0
+        node.persistent = bool(flags & PERSIST_FLAG)
         if incarnation and incarnation != node.incarnation:
             if node.incarnation:
                 self._log("node.restarted", node=_sid(node.id))

@@ -16,7 +16,8 @@ ignores those bits. A sender with a TLS client port (`tls-port`) sets TLS_PORT_F
 that port above TLS_PORT_SHIFT (its incarnation then has INCARNATION_BITS, below it), so
 that HELLO on a TLS connection can list the other nodes' TLS ports; a node that does not
 know the flag reads those bits as part of the incarnation, the same value in every header
-of the sender's process, so it sees no restart that did not happen.
+of the sender's process, so it sees no restart that did not happen. PERSIST_FLAG says the
+sender logs its copies to an AOF (a restart may reload them).
 
 Every message is a `__slots__` record holding a shared `Header` and its payload fields.
 Encoding is one `msgpack.packb` of the payload: the array prefix, version and type are
@@ -72,6 +73,9 @@ INCARNATION_SHIFT = 16  # header flags: the sender's incarnation above its flag 
 INCARNATION_BITS = 31  # drawn at start (below TLS_PORT_SHIFT)
 INCARNATION_MASK = (1 << INCARNATION_BITS) - 1
 TLS_PORT_FLAG = 0x4000  # header flags: the sender announces its TLS client port
+# header flags: the sender logs its copies to an AOF (appendonly yes): after a restart it
+# may hold copies again, reloaded (re-replication keeps it on the jobs' lists)
+PERSIST_FLAG = 0x2000
 TLS_PORT_SHIFT = INCARNATION_SHIFT + INCARNATION_BITS  # (16 bits: a u64 that stays positive)
 
 # ---------------------------------------------------------------------------- type numbers

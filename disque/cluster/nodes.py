@@ -66,7 +66,7 @@ class ClusterNode:
 
     __slots__ = ("id", "ip", "port", "bus_port", "bits", "ping_sent", "pong_received",
                  "out_link", "link_ctime", "connecting", "retry_at", "retries", "ctime",
-                 "fail_time", "fail_reports", "incarnation", "tls_port")
+                 "fail_time", "fail_reports", "incarnation", "tls_port", "persistent")
 
     def __init__(self, node_id: bytes, ip: bytes, port: int, bus_port: int = 0,
                  bits: int = 0, ctime: int = 0) -> None:
@@ -89,6 +89,7 @@ class ClusterNode:
         # means it restarted and may have lost its jobs (disque.cluster.rereplication)
         self.incarnation = 0
         self.tls_port = 0  # the TLS client port its headers announce (0: none heard)
+        self.persistent = False  # its headers announce an AOF (PERSIST_FLAG)
 
     @property
     def flags(self) -> list[str]:

@@ -7,7 +7,9 @@ start, `messages.INCARNATION_SHIFT`; membership keeps it in `ClusterNode.incarna
 Every node holding a job that lists the restarted node among its copies looks at the job
 again: if the job has REPLICATE copies without it (this node, and holders linked and not
 restarted themselves, whose copies are confirmed: repair made them while the node was
-down), the restarted node leaves this node's list of the job (`rereplication_unlisted`);
+down), the restarted node leaves this node's list of the job (`rereplication_unlisted`),
+unless its headers announce an AOF (PERSIST_FLAG: it may have reloaded its copies, and
+unlisted it would miss the QUEUED, SETACK and dead-letter exchanges of those);
 else the job is sent to it again (REPLJOB, as ADDJOB's replication does), the restarted
 node keeps a copy (active, re-queued by its own timer after RETRY unless another holder
 queues it or an ACK arrives) and confirms with GOTJOB; it takes the list from the REPLJOB.
@@ -173,7 +175,13 @@ class Rereplication:
         cursor = self.cursors[target]
         wanted = self._wanted
         inflight = self.inflight
-        # copies elsewhere: this node, and holders linked and not being refilled themselves
+        # copies elsewhere: this node, and holders linked and not being refilled themselves;
+        # a target with an AOF may hold reloaded copies: it stays listed and gets them all
+        # (a REPLJOB for a copy it reloaded merges): unlisted, it would miss the QUEUED,
+        # SETACK and dead-letter exchanges of the copies it holds
+        membership = self.node.membership
+        peer = membership.get(target) if membership is not None else None
+        empty = peer is not None and not peer.persistent
         holders = set(self.node.linked_others()).difference(self.cursors)
         shorter: dict[tuple[bytes, ...], tuple[bytes, ...]] = {}  # lists without target
         looked = 0
@@ -188,9 +196,9 @@ class Rereplication:
                     continue
                 delivered = job.delivered
                 job_id = job.id
-                copies = 1 + sum(1 for n in delivered if n in holders and n != target
+                copies = 0 if not empty else 1 + sum(1 for n in delivered if n in holders and n != target
                                  and (n, job_id) not in inflight)
-                if copies >= job.repl:
+                if empty and copies >= job.repl:
                     # enough copies without the one target lost (repair made them while
                     # it was down): it leaves the list instead of taking a copy again
                     short = shorter.get(delivered)

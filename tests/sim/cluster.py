@@ -224,7 +224,7 @@ class SimCluster(SimNetwork):
         if sn.state != "down":
             return
         old = self.jobnodes[i]
-        super().restart(i)
+        super().restart(i, aof)
         node = self.jobnodes[i] = self._new_node(sn)
         if aof:
             now = self.now

@@ -129,10 +129,11 @@ class SimNetwork:
 
     # ------------------------------------------------------------------ setup helpers
     def _new_membership(self, idx: int, node_id: bytes, port: int,
-                        incarnation: int) -> Membership:
+                        incarnation: int, persistent: bool = False) -> Membership:
         rng = random.Random(self.seed * 1_000_003 + idx * 1009 + incarnation)
         return Membership(node_id, port, clock=self._clock, rng=rng,
-                          node_timeout=self.node_timeout, incarnation=incarnation + 1)
+                          node_timeout=self.node_timeout, incarnation=incarnation + 1,
+                          persistent=persistent)
 
     def _clock(self) -> int:
         return self.now
@@ -388,14 +389,15 @@ class SimNetwork:
             self._close(link)  # the kernel resets every connection of the dead process
         node.links.clear()
 
-    def restart(self, i: int) -> None:
-        """Start node i again from its saved nodes.conf (same ID and known nodes)."""
+    def restart(self, i: int, aof: bool = False) -> None:
+        """Start node i again from its saved nodes.conf (same ID and known nodes); `aof`:
+        its headers say it reloads copies (PERSIST_FLAG)."""
         node = self.nodes[i]
         if node.state != "down":
             return
         myself, entries = parse_nodes_conf(node.conf)
         node.incarnation += 1
-        m = self._new_membership(i, myself, node.port, node.incarnation)
+        m = self._new_membership(i, myself, node.port, node.incarnation, aof)
         m.load(entries)
         node.membership = m
         node.state = "up"

@@ -233,7 +233,15 @@ SEED_882 = [(554, ("none",), []), (284, ("none",), []),
             (590, ("partition", [0, 1, 1]), [1, 0, 0]), (50, ("none",), [1, 0, 2]),
             (2218, ("resume", 0), [0, 2, 2])]
 
+# A schedule that failed when re-replication took a restarted node off the lists of the
+# jobs that had their copies elsewhere, AOF or not: node 2 reloaded the poison job from its
+# AOF, nobody listed it any more, and it kept the dead job queued next to another node's.
+SEED_741 = [(1058, ("resume", 0), [0, 2, 1]), (677, ("crash", 2), [1]),
+            (1197, ("partition", [0, 1, 1]), [0, 2]), (397, ("none",), [0])]
 
+
+@example(seed=741, schedule=SEED_741, delay=(1, 5), drop=0.01, aof=True, nack_delay=2,
+         redrive_fault=("resume", 1))
 @example(seed=882, schedule=SEED_882, delay=(1, 5), drop=0.01, aof=False, nack_delay=0,
          redrive_fault=("heal",))
 @settings(max_examples=25, deadline=None, derandomize=True, phases=NO_SHRINK,

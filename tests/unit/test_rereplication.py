@@ -10,6 +10,7 @@ from disque.cluster.messages import (
     INCARNATION_BITS,
     INCARNATION_MASK,
     INCARNATION_SHIFT,
+    PERSIST_FLAG,
     TLS_PORT_FLAG,
     TLS_PORT_SHIFT,
     GotJob,
@@ -244,3 +245,24 @@ def test_a_job_with_its_copies_elsewhere_unlists_the_restarted_node_instead() ->
     r.node.rereplication.cursors[B] = 0  # B restarted too: our walk for it under way
     r.restart(A)
     assert (A, again) in repljobs(r.cron())
+
+
+def test_a_restarted_node_with_an_aof_stays_listed_and_gets_its_copies() -> None:
+    # It may hold copies again, reloaded: unlisted, it would miss the QUEUED, SETACK and
+    # dead-letter exchanges of those copies (the dead-letter simulation's seed 741 kept a
+    # dead job queued on two nodes so).
+    m = Membership(ME, 7711, clock=lambda: T0, rng=random.Random(1), incarnation=5,
+                   persistent=True)
+    assert m.header.flags & PERSIST_FLAG
+    m.set_persistent(False)
+    assert not m.header.flags & PERSIST_FLAG and m.header.flags >> INCARNATION_SHIFT == 5
+    r = Rig()
+    jid = r.copy(delivered=(A, B, ME))
+    r.node.lookup_job(jid).repl = 2  # ME and B: enough without A
+    r.ping_from(A, 1, PERSIST_FLAG)
+    r.cron()
+    r.ping_from(A, 2, PERSIST_FLAG)
+    assert r.m.get(A).persistent
+    assert repljobs(r.cron()) == [(A, jid)]
+    assert r.node.lookup_job(jid).delivered == (A, B, ME)
+    assert r.info()["rereplication_unlisted"] == 0
