@@ -96,8 +96,8 @@ class Config:
     activerehashing: bool = True
     hz: int = 10
     queue_idle_timeout: int = 300
-    rereplicate_rate: int = 10000  # copies/s restored for restarted nodes (cluster.rereplication)
-    repair_rate: int = 10000  # copies/s of jobs short of a down holder (cluster.repair)
+    rereplicate_rate: int = 5000  # copies/s restored for restarted nodes (cluster.rereplication)
+    repair_rate: int = 5000  # copies/s of jobs short of a down holder (cluster.repair)
     repair_grace: int = 1000  # ms a holder may be unreachable before repair copies its jobs
     # failed jobs (disque.cluster.deadletters): the policy of jobs added without one
     default_max_deliveries: int = 0

@@ -30,8 +30,9 @@ until it has REPLICATE reachable copies again:
   dropped connection, the job re-targeted): the only one to copy, that node would repair
   nothing, and the job, one crash from lost, would wait (the simulation's seed 468);
 - the jobs of which this node holds the one copy counted go first: on every change an
-  urgent walk (`urgent`) copies only those, one new copy each, before the other walk goes
-  on; a second crash would lose them, one that the rest can survive;
+  urgent walk (`urgent`) copies only those, one new copy each, at URGENT_BOOST times the
+  rate, before the other walk goes on; a second crash would lose them, one that the rest
+  can survive (a single node down leaves none: a rolling restart never pays the boost);
 - the repairer adds the new nodes to its node list of the job first, then sends them the
   job (REPLJOB, GOTJOB back); once a new copy is confirmed, the other reachable holders
   learn the grown list (REPLJOB without reply: a merge, or a copy for a holder that never
@@ -71,7 +72,7 @@ from disque.jobs.job import ACTIVE, F_DUMMY, F_RELOADED, QUEUED, Job
 from disque.state import NodeState
 from disque.timers import Timer
 
-DEFAULT_RATE = 10000  # copies per second (repair-rate)
+DEFAULT_RATE = 5000  # copies per second (repair-rate)
 DEFAULT_GRACE_MS = 1000  # a holder unreachable this long has its copies made again
 CRON_PER_SECOND = 10  # the cluster cron runs every 100 ms
 STEP_MS = 10  # a walk goes on in steps this far apart (short pauses for the clients)
@@ -80,6 +81,8 @@ SCAN_PER_STEP = 2000  # jobs looked at per step
 # walk that left it, the others walk again and copy what is still short (that holder may
 # list the job without holding it)
 DEFER_MS = 1000
+# The urgent walk copies at this many times repair-rate: its jobs are one crash from lost
+URGENT_BOOST = 4
 
 
 def rank(node_id: bytes, job_id: bytes) -> int:
@@ -197,8 +200,10 @@ class Repair:
         self.last_step = now
         if self.tokens >= 1:
             budget = int(self.tokens)
-            if self.urgent >= 0:
-                budget = self._walk(now, budget, True)
+            if self.urgent >= 0:  # its copies cost 1 / URGENT_BOOST of a token
+                boosted = budget * URGENT_BOOST
+                used = boosted - self._walk(now, boosted, True)
+                budget -= (used + URGENT_BOOST - 1) // URGENT_BOOST
             if self.urgent < 0 and self.cursor >= 0 and budget > 0:
                 budget = self._walk(now, budget, False)
             self.tokens -= int(self.tokens) - budget

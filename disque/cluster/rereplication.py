@@ -64,7 +64,7 @@ from disque.cluster.records import CONFIRM_MS, MAX_ATTEMPTS, job_record, overdue
 from disque.jobs.job import ACTIVE, F_DUMMY, F_RELOADED, QUEUED, Job
 from disque.state import NodeState
 
-DEFAULT_RATE = 10000  # copies per second (rereplicate-rate)
+DEFAULT_RATE = 5000  # copies per second (rereplicate-rate)
 # A node first heard from this long after our own first cron was down (or unknown) when
 # we started: it may have restarted meanwhile, so it counts as a restarted node. A node
 # that was up answers our first PINGs: in the chaos runs, all were heard by the first cron.
