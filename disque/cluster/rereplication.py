@@ -161,6 +161,14 @@ class Rereplication:
         return (job.state in (ACTIVE, QUEUED) and job.retry > 0
                 and not job.flags & (F_DUMMY | F_RELOADED) and target in job.delivered)
 
+    def _copies_without(self, job: Job, target: bytes, holders: set[bytes]) -> int:
+        """This node's copy and those of the `holders` listed for `job`, but `target`'s
+        and copies sent and not confirmed yet."""
+        job_id = job.id
+        inflight = self.inflight
+        return 1 + sum(1 for n in job.delivered
+                       if n != target and n in holders and (n, job_id) not in inflight)
+
     def _send(self, target: bytes, job: Job, now: int, attempts: int) -> None:
         node = self.node
         node.send(target, ReplJob(node.header(), job_record(job, now), False))
@@ -183,7 +191,6 @@ class Rereplication:
         peer = membership.get(target) if membership is not None else None
         empty = peer is not None and not peer.persistent
         holders = set(self.node.linked_others()).difference(self.cursors)
-        shorter: dict[tuple[bytes, ...], tuple[bytes, ...]] = {}  # lists without target
         looked = 0
         while cursor < count and budget > 0 and looked < SCAN_PER_TICK:
             shard = jobs.shard(cursor)
@@ -194,18 +201,11 @@ class Rereplication:
             for job in list(shard.values()):
                 if not wanted(job, target) or (target, job.id) in inflight:
                     continue
-                delivered = job.delivered
-                job_id = job.id
-                copies = 0 if not empty else 1 + sum(1 for n in delivered if n in holders and n != target
-                                 and (n, job_id) not in inflight)
-                if empty and copies >= job.repl:
+                if empty and self._copies_without(job, target, holders) >= job.repl:
                     # enough copies without the one target lost (repair made them while
                     # it was down): it leaves the list instead of taking a copy again
-                    short = shorter.get(delivered)
-                    if short is None:
-                        short = shorter[delivered] = tuple(n for n in delivered
-                                                           if n != target)
-                    job.delivered = short
+                    job.delivered = self.node.shared_delivered(
+                        tuple(n for n in job.delivered if n != target))
                     self.unlisted += 1
                     continue
                 self._send(target, job, now, 1)
