@@ -104,7 +104,8 @@ class Node(NodeState):
         self.repair = Repair(self, self.rereplication)  # copies short of a down holder
         self.replication = JobReplication(self, self.copy_confirmed,
                                           self.requeue.reload_confirmed,
-                                          self.rereplication.copy_again)
+                                          self.rereplication.copy_again,
+                                          self.rereplication.copies_held)
         self.acks = Acks(self, self.replication.replication_achieved)
         self.waiting = Waiting(self, self.need_jobs, self.queue_idle_ms)
         self.federation = Federation(self, self.waiting.queues_with_waiters)

@@ -61,6 +61,10 @@ class ScanDict(Generic[K, V]):
     def shard_count(self) -> int:
         return self.mask + 1
 
+    def shard_index(self, key: K) -> int:
+        """The index of the shard that holds `key` (what a cursor is compared with)."""
+        return hash(key) & self.mask
+
     def shard(self, index: int) -> dict[K, V]:
         return self.shards[index & self.mask]
 

@@ -157,13 +157,17 @@ class JobReplication:
 
     def __init__(self, state: NodeState, copy_confirmed: Callable[[bytes, bytes], None],
                  reload_confirmed: Callable[[bytes], None],
-                 copy_again: Callable[[bytes, Job, int], None]) -> None:
+                 copy_again: Callable[[bytes, Job, int], None],
+                 copies_held: Callable[[bytes, list[bytes]], None]) -> None:
         self.state = state
         self.copy_confirmed = copy_confirmed  # a GOTJOB answering no ADDJOB
         self.reload_confirmed = reload_confirmed  # a reloaded copy proved alive
         # (target, job, now): the job to a node that may not hold it, until its GOTJOB
         # (re-replication's copies: disque.cluster.rereplication)
         self.copy_again = copy_again
+        # (sender, job IDs): the copies a REPLJOB left here, which may list a restarted
+        # node (re-replication looks at them again)
+        self.copies_held = copies_held
         self.replicating: dict[bytes, Replication] = {}  # sync ADDJOBs waiting for GOTJOB
         self.repl_timer: ReplTimer | None = None  # the newest replications' timer
         # the newest REPLJOB sent, and to which nodes (see start_replication)
@@ -422,9 +426,11 @@ class JobReplication:
         if st.leaving or st.above_copy_limit() or st.persist_failing():
             return  # refused: no GOTJOB, the sender tries another node
         held = self.hold_copies(recs, st.clock())
-        if held and not noreply:
-            st.send(sender, GotJobBatch(st.header(), held, 0) if len(held) > 1
-                    else GotJob(st.header(), held[0]))
+        if held:
+            self.copies_held(sender, held)
+            if not noreply:
+                st.send(sender, GotJobBatch(st.header(), held, 0) if len(held) > 1
+                        else GotJob(st.header(), held[0]))
 
     def hold_copies(self, recs: Iterable[JobRecord], now: int) -> list[bytes]:
         """Keep a copy of each replicated job (or merge its `delivered` into the copy we

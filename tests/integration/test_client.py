@@ -173,6 +173,7 @@ def test_info_ping_and_raw_commands(client: Client):
                                         "redriven_jobs", "redrive_pending",
                                         "rereplication_nodes", "rereplication_pending",
                                         "rereplicated_jobs", "rereplication_unlisted",
+                                        "rereplication_rechecks", "rereplication_rechecked",
                                         "underreplicated_jobs",
                                         "repaired_jobs"}
     assert client.ping() == "PONG"

@@ -26,7 +26,7 @@ FIELDS = {
     "Memory": ["used_memory", "used_memory_human", "used_memory_rss", "used_memory_peak",
                "used_memory_peak_human", "mem_fragmentation_ratio", "mem_allocator"],
     "Jobs": ["registered_jobs", "rereplication_nodes", "rereplication_pending",
-             "rereplicated_jobs", "rereplication_unlisted", "underreplicated_jobs", "repaired_jobs", "deadlettered_jobs", "redriven_jobs", "redrive_pending"],
+             "rereplicated_jobs", "rereplication_unlisted", "rereplication_rechecks", "rereplication_rechecked", "underreplicated_jobs", "repaired_jobs", "deadlettered_jobs", "redriven_jobs", "redrive_pending"],
     "Queues": ["registered_queues"],
     # a lone node has no bus traffic, so no per-message-type lines yet
     "Cluster": ["cluster_nodes", "cluster_reachable_nodes", "cluster_failing_nodes",

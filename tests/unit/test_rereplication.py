@@ -19,8 +19,13 @@ from disque.cluster.messages import (
     ReplJob,
 )
 from disque.cluster.nodes import LEAVING
-from disque.cluster.records import CONFIRM_MS, MAX_ATTEMPTS
-from disque.cluster.rereplication import FIRST_SIGHT_MS, SCAN_PER_TICK
+from disque.cluster.records import CONFIRM_MS, MAX_ATTEMPTS, job_record
+from disque.cluster.rereplication import (
+    FIRST_SIGHT_MS,
+    RECHECK_MS,
+    SCAN_PER_TICK,
+    SKEW_MS,
+)
 from disque.jobs.job import ACKED, F_RELOADED
 from tests.unit.noderig import ME, T0, NodeRig
 
@@ -105,10 +110,12 @@ def test_a_restarted_holder_gets_its_copies_again_and_confirms_them() -> None:
     (msg,) = [m for _, m in out if type(m) is ReplJob]
     assert set(msg.job.delivered) == {A, B, ME} and not msg.noreply
     assert r.info() == {"rereplication_nodes": 0, "rereplication_pending": 1,
-                        "rereplicated_jobs": 0, "rereplication_unlisted": 0}
+                        "rereplicated_jobs": 0, "rereplication_unlisted": 0,
+                        "rereplication_rechecks": 0, "rereplication_rechecked": 0}
     r.node.on_message(A, GotJob(Header(A, b"", 7711, 17711, 0), jid))
     assert r.info() == {"rereplication_nodes": 0, "rereplication_pending": 0,
-                        "rereplicated_jobs": 1, "rereplication_unlisted": 0}
+                        "rereplicated_jobs": 1, "rereplication_unlisted": 0,
+                        "rereplication_rechecks": 0, "rereplication_rechecked": 0}
     assert repljobs(r.cron()) == []
 
 
@@ -266,3 +273,39 @@ def test_a_restarted_node_with_an_aof_stays_listed_and_gets_its_copies() -> None
     assert repljobs(r.cron()) == [(A, jid)]
     assert r.node.lookup_job(jid).delivered == (A, B, ME)
     assert r.info()["rereplication_unlisted"] == 0
+
+
+def test_a_copy_received_after_the_walk_listing_the_restarted_node_is_looked_at_again() -> None:
+    # Chaos random-kill: B held jobs listing A, and A restarted empty. Our walk for A was
+    # over before B's repair sent us copies of those jobs (B's own walk had not come to
+    # them), so we counted A as a holder for good: B's walk then unlisted A in its list
+    # only, or B died before its walk sent A the job; either way the job had fewer copies
+    # than we counted, and no repair saw it one crash from lost.
+    b = Rig()  # B's jobs, created before A's restart
+    short, enough, again, late = (
+        job_record(b.node.lookup_job(b.copy(delivered=(A, B))), b.now) for _ in range(4))
+    r = Rig()
+    r.restart(A)
+    assert repljobs(r.cron()) == [] and r.node.rereplication.cursors == {}  # walk over
+    for rec in (short, enough._replace(repl=2), short):
+        r.node.on_message(B, ReplJob(Header(B, b"", 7711, 17711, 0), rec, False))
+    assert r.info()["rereplication_rechecks"] == 2  # (each job once)
+    assert repljobs(r.cron()) == [(A, short.id)]  # REPLICATE 3: A's copy is needed
+    assert r.node.lookup_job(enough.id).delivered == (B, ME)  # enough without A: unlisted
+    assert r.info()["rereplication_rechecks"] == 0 and r.info()["rereplication_rechecked"] == 1
+    # sent by A itself: A holds it
+    r.node.on_message(A, ReplJob(Header(A, b"", 7711, 17711, 0), again, False))
+    assert r.info()["rereplication_rechecks"] == 0
+    # jobs created after the restart list A because A took them: not looked at again;
+    # nor, after RECHECK_MS, those created before
+    for _ in range(SKEW_MS // 100 + 1):
+        r.cron()
+    new = r.copy(delivered=(A, B, ME))
+    r.node.rereplication.copies_held(B, [new])
+    assert r.info()["rereplication_rechecks"] == 0
+    at = r.node.rereplication.recent[A]
+    while A in r.node.rereplication.recent:
+        r.cron()
+    assert RECHECK_MS <= r.now - at <= RECHECK_MS + 100
+    r.node.on_message(B, ReplJob(Header(B, b"", 7711, 17711, 0), late, False))
+    assert r.info()["rereplication_rechecks"] == 0
