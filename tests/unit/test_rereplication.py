@@ -309,3 +309,20 @@ def test_a_copy_received_after_the_walk_listing_the_restarted_node_is_looked_at_
     assert RECHECK_MS <= r.now - at <= RECHECK_MS + 100
     r.node.on_message(B, ReplJob(Header(B, b"", 7711, 17711, 0), late, False))
     assert r.info()["rereplication_rechecks"] == 0
+
+
+def test_a_recheck_waits_for_the_link_and_ends_with_the_window() -> None:
+    b = Rig()
+    rec = job_record(b.node.lookup_job(b.copy(delivered=(A, B))), b.now)
+    r = Rig()
+    r.restart(A)
+    r.cron()
+    r.m.link_closed(r.out_links.pop(A))  # our link to A dropped
+    r.node.on_message(B, ReplJob(Header(B, b"", 7711, 17711, 0), rec, False))
+    for _ in range(5):
+        assert repljobs(r.cron()) == []
+    assert r.info()["rereplication_rechecks"] == 1  # waits for the link
+    while A in r.node.rereplication.recent:
+        assert repljobs(r.cron()) == []
+    r.cron()
+    assert r.info()["rereplication_rechecks"] == 0  # still unreachable: dropped
