@@ -115,7 +115,9 @@ class Rereplication:
         self.rereplicated = 0
         self.unlisted = 0  # listings of a restarted node dropped: the job had its copies
         self.since = 0  # ms: the first tick (about our start)
-        self.recent: dict[bytes, int] = {}  # restarted node -> ms (for RECHECK_MS)
+        # restarted node -> (ms its restart was noticed, ctime before which its listings
+        # may be stale)
+        self.recent: dict[bytes, tuple[int, int]] = {}
         # (restarted node, job ID): copies received listing a node restarted lately, to
         # look at again (in the order received; a dict: each once)
         self.rechecks: dict[tuple[bytes, bytes], None] = {}
@@ -142,12 +144,13 @@ class Rereplication:
                 # restarted while another holder was down, and never refilled it)
                 if before is not None or now - self.since >= FIRST_SIGHT_MS:
                     self.restarted(n.id)
-                    if before is not None:
-                        # (not a node first heard late: during a cluster's formation,
-                        # the first second of its ADDJOBs would look stale, 9,000 copies)
-                        self.recent[n.id] = now
+                    # a node first heard late restarted before that, if at all: without
+                    # the slack (during a cluster's formation, the first second of its
+                    # ADDJOBs looked stale: 9,000 needless copies in a healthy run)
+                    slack = SKEW_MS if before is not None else -SKEW_MS
+                    self.recent[n.id] = (now, (now + slack) * 1_000_000)
         if self.recent:
-            for node_id, at in list(self.recent.items()):
+            for node_id, (at, _) in list(self.recent.items()):
                 if now - at >= RECHECK_MS:
                     del self.recent[node_id]
         if not self.rate or not (self.cursors or self.inflight or self.rechecks):
@@ -187,9 +190,8 @@ class Rereplication:
             job = lookup(job_id)
             if job is None:
                 continue
-            for target, at in recent.items():
-                if (target == sender or target not in job.delivered
-                        or job.ctime >= (at + SKEW_MS) * 1_000_000):
+            for target, (_, before) in recent.items():
+                if target == sender or target not in job.delivered or job.ctime >= before:
                     continue
                 cursor = cursors.get(target)
                 if cursor is not None and jobs.shard_index(job_id) >= cursor:

@@ -303,7 +303,7 @@ def test_a_copy_received_after_the_walk_listing_the_restarted_node_is_looked_at_
     new = r.copy(delivered=(A, B, ME))
     r.node.rereplication.copies_held(B, [new])
     assert r.info()["rereplication_rechecks"] == 0
-    at = r.node.rereplication.recent[A]
+    at, _ = r.node.rereplication.recent[A]
     while A in r.node.rereplication.recent:
         r.cron()
     assert RECHECK_MS <= r.now - at <= RECHECK_MS + 100
@@ -326,3 +326,23 @@ def test_a_recheck_waits_for_the_link_and_ends_with_the_window() -> None:
         assert repljobs(r.cron()) == []
     r.cron()
     assert r.info()["rereplication_rechecks"] == 0  # still unreachable: dropped
+
+
+def test_a_node_first_heard_late_opens_the_recheck_window_without_slack() -> None:
+    # A restarted while we were down (the simulation's seed 1147, seen from copies that
+    # arrive after our walk): a job created long before may list it stale. One created in
+    # the second before we first heard from it may not (a cluster's formation: A had just
+    # joined, and ADDJOB gave it copies).
+    r = Rig()
+    r.ping_from(B, 1)
+    for _ in range(FIRST_SIGHT_MS // 100 + SKEW_MS // 100 + 2):
+        r.cron()
+    b = Rig()
+    old = job_record(b.node.lookup_job(b.copy(delivered=(A, B))), b.now)
+    b.now = r.now - SKEW_MS // 2
+    fresh = job_record(b.node.lookup_job(b.copy(delivered=(A, B))), b.now)
+    r.ping_from(A, 5)
+    assert repljobs(r.cron()) == []  # first heard late: a restart, walked (nothing here)
+    for rec in (old, fresh):
+        r.node.on_message(B, ReplJob(Header(B, b"", 7711, 17711, 0), rec, False))
+    assert list(r.node.rereplication.rechecks) == [(A, old.id)]
