@@ -32,7 +32,8 @@ until it has REPLICATE reachable copies again:
 - the jobs of which this node holds the one copy counted go first: on every change an
   urgent walk (`urgent`) copies only those, one new copy each, at URGENT_BOOST times the
   rate, before the other walk goes on; a second crash would lose them, one that the rest
-  can survive (a single node down leaves none: a rolling restart never pays the boost);
+  can survive (a single node down leaves none, unless a node restarted empty is still
+  being refilled: a rolling restart pays the boost for the jobs its last two nodes held);
 - the repairer adds the new nodes to its node list of the job first, then sends them the
   job (REPLJOB, GOTJOB back); once a new copy is confirmed, the other reachable holders
   learn the grown list (REPLJOB without reply: a merge, or a copy for a holder that never
