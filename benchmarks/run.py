@@ -26,6 +26,8 @@ Scenarios (pick with `--only`):
 - memory: a fresh node gets `--jobs-for-memory` jobs with 16-byte bodies; the growth of INFO
   `used_memory` and `used_memory_rss` over the empty node, per job (and the same for a fresh
   redis-server list, for scale).
+- overflow: a backlog 5x larger than maxmemory with `overflow yes`, produced then drained
+  in order, against the same load in memory (benchmarks/overflow.py).
 - spark: rows/s of `disque.spark.write_jobs`, the `disque` data source and the plain client's
   pipelined add_jobs from a local[2] Spark job into 3 fresh nodes, REPLICATE 1 and 3
   (benchmarks/spark_bench.py).
@@ -68,7 +70,7 @@ from disque.tools.ports import free_port  # noqa: F401 - also used by benchmarks
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIOS = ("ping", "addjob", "getjob", "e2e", "cluster", "sizes", "restart", "downnode",
-             "memory", "spark", "aof", "tls")
+             "memory", "spark", "aof", "tls", "overflow")
 BODY16 = "0123456789abcdef"
 
 
@@ -942,6 +944,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--aof-jobs", type=int, default=None,
                     help="jobs in the AOF rewrite / reload scenario (default 1000000, quick "
                          "100000); the aof ADDJOB loads use -n (default 100000, quick 20000)")
+    ap.add_argument("--overflow-jobs", type=int, default=None,
+                    help="jobs in the overflow scenario's backlog (default 5000000, quick "
+                         "1000000); see benchmarks/overflow.py")
     ap.add_argument("--e2e-procs", type=int, default=4,
                     help="load generator processes for e2e (half produce, half consume)")
     ap.add_argument("--time-limit", type=float, default=None,
@@ -1009,6 +1014,7 @@ def main(argv: list[str] | None = None) -> int:
     restart: dict[str, Any] = {}
     downnode: dict[str, Any] = {}
     tls: dict[str, Any] = {}
+    overflow: dict[str, Any] = {}
     harness_error: str | None = None
     disque_error: str | None = None
     original_error: str | None = None
@@ -1018,7 +1024,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             load_scenarios = [s for s in a.only
                               if s not in ("memory", "cluster", "restart", "downnode",
-                                           "spark", "aof", "tls")]
+                                           "spark", "aof", "tls", "overflow")]
             if load_scenarios:
                 r = redis_server(work, server_cpus)
                 lineup: Lineup = [("disque", disque_server(work, server_cpus)), ("redis", r)]
@@ -1083,6 +1089,9 @@ def main(argv: list[str] | None = None) -> int:
             if "downnode" in a.only:
                 from benchmarks.downnode import scenario_downnode
                 downnode = scenario_downnode(work, server_cpus, _say, original_cmd, a.quick)
+            if "overflow" in a.only:
+                from benchmarks.overflow import scenario_overflow
+                overflow = scenario_overflow(work, server_cpus, _say, a.quick, a.overflow_jobs)
             if "tls" in a.only:
                 from benchmarks.tls import scenario_tls
                 tls = scenario_tls(work, server_cpus, o, a.quick, _say)
@@ -1121,6 +1130,9 @@ def main(argv: list[str] | None = None) -> int:
     if tls:
         from benchmarks.tls import print_tls
         print_tls(tls, _say)
+    if overflow:
+        from benchmarks.overflow import print_overflow
+        print_overflow(overflow, _say)
     if disque_error and not any(row.disque.ok for row in rows):
         _say("disque-py numbers are pending: the server did not run (see above).")
     doc = {
@@ -1144,6 +1156,7 @@ def main(argv: list[str] | None = None) -> int:
         "restart": restart,
         "downnode": downnode,
         "tls": tls,
+        "overflow": overflow,
         "targets": targets,
         "disque_error": disque_error,
         "original_error": original_error,

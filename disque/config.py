@@ -99,6 +99,11 @@ class Config:
     rereplicate_rate: int = 5000  # copies/s restored for restarted nodes (cluster.rereplication)
     repair_rate: int = 5000  # copies/s of jobs short of a down holder (cluster.repair)
     repair_grace: int = 1000  # ms a holder may be unreachable before repair copies its jobs
+    # overflow (disque.overflow): jobs past overflow-threshold % of maxmemory go to disk
+    overflow: bool = False
+    overflow_dir: str = ""  # "": `overflow` under dir
+    overflow_threshold: int = 50
+    overflow_max_size: int = 0  # bytes of the overflow file; 0: no cap
     # failed jobs (disque.cluster.deadletters): the policy of jobs added without one
     default_max_deliveries: int = 0
     default_max_nacks: int = 0
@@ -568,6 +573,10 @@ DIRECTIVES: tuple[Directive, ...] = (
     D("rereplicate-rate", _Int(0), settable=True),
     D("repair-rate", _Int(0), settable=True),
     D("repair-grace", _Int(0), settable=True),
+    D("overflow", _Bool(), settable=True),
+    D("overflow-dir", _Path(), settable=True),
+    D("overflow-threshold", _Int(1, 90), settable=True),
+    D("overflow-max-size", _Memory(0), settable=True),
     D("cluster-forget-ttl", _Int(1), settable=True),
     D("default-max-deliveries", _Int(0, 65535), settable=True),
     D("default-max-nacks", _Int(0, 65535), settable=True),

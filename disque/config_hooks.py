@@ -11,6 +11,7 @@ answers that error and the old value stays.
 from __future__ import annotations
 
 import os
+import sqlite3
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -94,6 +95,30 @@ def install(server: Server) -> None:
     on_set(cfg, "maxclients", check_maxclients)
     on_set(cfg, "http-port", lambda c, name: set_http_port(server, c))
     on_set(cfg, "dir", lambda c, name: change_dir(server, c))
+    for name in ("overflow", "overflow-dir", "overflow-threshold", "overflow-max-size",
+                 "maxmemory"):
+        on_set(cfg, name, lambda c, name: apply_overflow(server, c))
+
+
+def overflow_path(cfg: Config) -> str:
+    """The overflow store's file: `jobs-<port>.db` in overflow-dir (default: `overflow`
+    under dir)."""
+    folder = cfg.overflow_dir or os.path.join(cfg.dir, "overflow")
+    return os.path.join(folder, f"jobs-{cfg.port}.db")
+
+
+def apply_overflow(server: Server, cfg: Config) -> None:
+    """Open, re-set or close the overflow store as the directives say (at start, and on
+    CONFIG SET of any of them or of maxmemory)."""
+    overflow = server.node.overflow
+    if not cfg.overflow:
+        overflow.disable()
+        return
+    path = overflow_path(cfg)
+    try:
+        overflow.enable(path, cfg.overflow_threshold, cfg.overflow_max_size)
+    except (OSError, sqlite3.Error) as exc:
+        raise ConfigSetError(f"ERR Can't open the overflow file {path}: {exc}") from None
 
 
 def set_http_port(server: Server, cfg: Config) -> None:

@@ -3,8 +3,8 @@
 The node estimates what it holds (`state.mem_used`: a fixed base, each job and queue, DEDUP
 keys). Above 75% of maxmemory it takes no copies of other nodes' jobs and replicates its own
 externally (`state.above_copy_limit`); above 95% a command that adds memory first evicts
-what is safe to drop, under policy `acks` (`ensure_memory`, checklist section 11); above
-100% such commands fail. Every QUEUE_GC_PERIOD a sample of the queue table is visited and
+what is safe to drop, under policy `acks` (`ensure_memory`, checklist section 11; with
+`overflow yes` it first moves jobs to disk, disque.overflow); above 100% such commands fail. Every QUEUE_GC_PERIOD a sample of the queue table is visited and
 empty, idle, unpaused queues with no blocked client are dropped (`queue_gc`), sooner the
 fuller memory is (`queue_idle_ms`); expired DEDUP keys go at the same tick (`dedup_expire`,
 jobs.dedup's, given at construction).
@@ -32,13 +32,19 @@ EVICT_SAMPLE = 500  # jobs (then queues) one eviction attempt examines at most
 E = TypeVar("E")  # what a table holds: jobs or queues
 
 
+def _no_spill() -> None:
+    pass
+
+
 class Memory:
     """The memory subsystem of a node (`node.memory`)."""
 
     def __init__(self, state: NodeState, dedup_expire: Callable[[int], None], *,
-                 maxmemory_policy: str = "acks", queue_idle_timeout: int = 300) -> None:
+                 maxmemory_policy: str = "acks", queue_idle_timeout: int = 300,
+                 spill: Callable[[], None] = _no_spill) -> None:
         self.state = state
         self.dedup_expire = dedup_expire
+        self.spill = spill  # moves jobs to disk first, with overflow on (disque.overflow)
         self.maxmemory_policy = maxmemory_policy
         self.queue_idle_timeout = queue_idle_timeout  # s
         self._queue_gc_cursor = 0
@@ -64,6 +70,9 @@ class Memory:
         """Before a command that adds memory (checklist section 11): above 95% of
         maxmemory, policy `acks` evicts what is safe to drop; the command may run only if
         that brings usage back under 95% (`noeviction`: refused at once)."""
+        if self.state.mem_used <= self.state.mem_evict_at:
+            return True
+        self.spill()
         if self.state.mem_used <= self.state.mem_evict_at:
             return True
         if self.maxmemory_policy == "acks":

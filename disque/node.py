@@ -70,6 +70,7 @@ from disque.jobs.job import (
 from disque.jobs.restore import restore_job
 from disque.latency import EXPIRE_CYCLE, LatencyMonitor
 from disque.memory import Memory
+from disque.overflow import Overflow
 from disque.protocol.errors import CommandError, err, leaving
 from disque.queues.queue import PAUSE_IN, PAUSE_OUT, Queue
 from disque.queues.waiting import Waiter, Waiting
@@ -112,8 +113,10 @@ class Node(NodeState):
         self.dedup = Dedup(self)
         self._cluster_timer = Timer(self._cluster_tick)
         self.wheel.schedule(self._cluster_timer, clock() + CLUSTER_CRON_MS)
+        self.overflow = Overflow(self, self._crossed, self.replication.replicating.__contains__)
         self.memory = Memory(self, self.dedup.expire, maxmemory_policy=maxmemory_policy,
-                             queue_idle_timeout=queue_idle_timeout)
+                             queue_idle_timeout=queue_idle_timeout,
+                             spill=self.overflow.spill_if_needed)
         self.set_deadletter_defaults(0, 0, b"deadletter")
         self.redrive_rate = 1000  # jobs/s of a REDRIVE without RATE (redrive-rate)
         rep, req, acks, fed = self.replication, self.requeue, self.acks, self.federation
@@ -145,6 +148,21 @@ class Node(NodeState):
 
     def replication_removed(self, job: Job) -> None:
         self.replication.replication_removed(job)
+
+    def fault_in(self, job_id: bytes) -> Job | None:
+        return self.overflow.fault_in(job_id)
+
+    def refill(self, q: Queue) -> None:
+        self.overflow.refill(q)
+
+    def disk_jobs(self, after: int, n: int) -> tuple[int, list[Job]]:
+        return self.overflow.scan(after, n)
+
+    def _crossed(self, job: Job) -> None:
+        """A job went to disk or came back: an AOF rewrite under way logs it, since the
+        rewrite may have walked the side it is on now before it got there."""
+        if self.persist is not None:
+            self.persist.rewrite_note(job)
 
     def copy_confirmed(self, sender: bytes, job_id: bytes) -> None:
         """A GOTJOB that answers no ADDJOB: a copy re-replication or repair made."""
@@ -331,7 +349,7 @@ class Node(NodeState):
                                              "replication level")
         q = self.qshards[hash(queue) & self.qmask].get(queue)
         if q is not None:
-            if maxlen is not None and len(q.jobs) >= maxlen:
+            if maxlen is not None and len(q) >= maxlen:
                 raise CommandError("MAXLEN", "Queue is already longer than the specified "
                                              "MAXLEN count")
             if q.paused & PAUSE_IN:
@@ -429,6 +447,8 @@ class Node(NodeState):
         mask = self.qmask
         if count == 1 and len(names) == 1:  # the common GETJOB [NOHANG] FROM q
             q = shards[hash(names[0]) & mask].get(names[0])
+            if q is not None and q.spilled:
+                self.refill(q)
             if q is None or not q.jobs.size or q.paused & PAUSE_OUT:
                 self.need_jobs_for(names[0], q)
                 return []
@@ -443,6 +463,8 @@ class Node(NodeState):
         while True:
             got = False
             for i, q in enumerate(queues):
+                if q is not None and q.spilled:
+                    self.refill(q)
                 if q is not None and q.jobs and not q.paused & PAUSE_OUT:
                     if not now:
                         now = self.clock()
@@ -485,7 +507,7 @@ class Node(NodeState):
     def deljob(self, ids: Iterable[bytes]) -> int:
         known = 0
         for job_id in ids:
-            job = self.jobs.get(job_id)
+            job = self.lookup_job(job_id)
             if job is not None:
                 known += 1
                 self.delete_job(job)
@@ -582,6 +604,7 @@ class Node(NodeState):
         self.dedup.clear()
         self.needers.clear()
         self.deadletters.clear()
+        self.overflow.drop_all()
         self.mem_used = BASE_MEMORY
 
     def broadcast_pause(self, name: bytes) -> None:

@@ -130,6 +130,7 @@ class Server:
         # timers
         self.apply_limits()
         config_hooks.install(self)
+        config_hooks.apply_overflow(self, cfg)  # before the AOF loads: it may overflow
         self.aofm = AofManager(self)
         # after the AOF manager's hook, which may refuse to turn the AOF on
         on_set(cfg, "appendonly", lambda c, _: self.membership.set_persistent(c.appendonly))

@@ -23,7 +23,9 @@ queued where consumers wait (`serve_waiters`) or where a NEEDJOBS found nothing
 (`replication_removed`).
 
 Invariants:
-- a job is in the registry iff it is known; it is in its queue iff its state is QUEUED;
+- a job is in the registry iff it is known and in memory (with `overflow yes` a known job
+  may be on disk instead: `lookup_job` brings it back); a job in memory is in its queue iff
+  its state is QUEUED;
 - `job.qtime == 0` means this node will never queue the job (again): at-most-once jobs after
   their first queueing;
 - `job.awake` is the time of the job's live timer-wheel entry (0 after unregister).
@@ -80,6 +82,7 @@ class Persistence(Protocol):
     def loadjob(self, job: Job) -> None: ...
     def ackjob(self, job: Job) -> None: ...
     def deljob(self, job_id: bytes) -> None: ...
+    def rewrite_note(self, job: Job) -> None: ...
     def pending(self) -> bool: ...
     def confirm(self, waiter: Callable[[bool], None]) -> None: ...
 
@@ -121,6 +124,10 @@ class NodeState:
         self.mem_used = BASE_MEMORY  # running estimate, see used_memory()
         self.mem_evict_at = 0  # 95% of maxmemory: above it, commands that add memory check
         self.maxmemory = maxmemory
+        # Overflow (disque.overflow): jobs on disk now (a registry miss asks the disk while
+        # there are some), and the memory estimate above which jobs go there.
+        self.on_disk = 0
+        self.spill_at = 1 << 62
         self.out: list[tuple[bytes, Message]] = []  # bus messages to send: (node id, msg)
         self.on_out = on_out  # called when the outbox goes from empty to non-empty
         # NEEDJOBS that found nothing: queue -> {node: (until ms, count)}; jobs queued
@@ -154,6 +161,21 @@ class NodeState:
 
     def replication_removed(self, job: Job) -> None:
         """A job still waiting for its copies went (cluster.replication)."""
+        raise NotImplementedError
+
+    def fault_in(self, job_id: bytes) -> Job | None:
+        """A job looked up by ID is not in memory while jobs are on disk: bring it back if
+        it is there (disque.overflow)."""
+        raise NotImplementedError
+
+    def disk_jobs(self, after: int, n: int) -> tuple[int, list[Job]]:
+        """Up to n jobs on disk past row `after`, as read-only copies, and the row to go on
+        after (0: the end), for walks over every job (disque.overflow)."""
+        raise NotImplementedError
+
+    def refill(self, q: Queue) -> None:
+        """A job is about to be taken from `q`, which has jobs on disk: bring back its
+        oldest ones if they are there (disque.overflow)."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ cluster view
@@ -261,7 +283,10 @@ class NodeState:
 
     # ------------------------------------------------------------------ registry
     def lookup_job(self, job_id: bytes) -> Job | None:
+        """The job with this ID, in memory or (brought back) from disk."""
         job: Job | None = self.jshards[hash(job_id) & self.jmask].get(job_id)
+        if job is None and self.on_disk:
+            job = self.fault_in(job_id)
         return job
 
     def register(self, job: Job) -> None:
@@ -438,6 +463,13 @@ class NodeState:
 
     def schedule_job(self, job: Job) -> None:
         """(Re)arm the job's timer at its next action: requeue, GC retry or expiry."""
+        when = self.next_wake(job)
+        if job.awake != when:
+            self.wheel.schedule(job, when)
+
+    def next_wake(self, job: Job) -> int:
+        """When the job's timer has something to do next: requeue (WILLQUEUE first when
+        other nodes may hold it), GC retry or expiry."""
         when = job.etime
         qt = job.qtime
         if qt:
@@ -450,5 +482,4 @@ class NodeState:
                     when = qt
             elif (state in (QUEUED, ACKED)) and qt < when:
                 when = qt
-        if job.awake != when:
-            self.wheel.schedule(job, when)
+        return when

@@ -113,6 +113,7 @@ class AofManager:
                     last_log = now
                     log.info("aof.loading", loaded_bytes=done, total_bytes=loader.total_bytes,
                              jobs=loader.jobs_loaded)
+                self.node.overflow.spill_if_needed()  # a backlog larger than memory
                 await asyncio.sleep(0)  # let clients in: they get -LOADING
         finally:
             self.loader = None
@@ -246,7 +247,8 @@ class AofManager:
         temp = f"temp-rewriteaof-bg-{os.getpid()}.aof"
         try:
             self.rewrite = Rewrite(self.node.jobs, self.path, temp, self.aof, self._rewrite_done,
-                                   self.cfg.aof_rewrite_incremental_fsync)
+                                   self.cfg.aof_rewrite_incremental_fsync,
+                                   disk=self.node.overflow.scan)
         except OSError as exc:
             log.warning("aof.rewrite_failed", error=exc.strerror)
             self.last_bgrewrite_ok = False
@@ -315,7 +317,8 @@ class AofManager:
 
         try:
             rw = Rewrite(self.node.jobs, self.path, temp, self.aof, done,
-                         self.cfg.aof_rewrite_incremental_fsync)
+                         self.cfg.aof_rewrite_incremental_fsync,
+                         disk=self.node.overflow.scan)
             rw.run_to_end()
         except OSError as exc:
             log.warning("aof.rewrite_failed", error=exc.strerror)

@@ -169,6 +169,13 @@ class AppendOnlyFile:
     def ackjob(self, job: Job) -> None:
         self.append(ackjob_record(job))
 
+    def rewrite_note(self, job: Job) -> None:
+        """While a rewrite runs, the job's current record goes to the rewritten file only
+        (a job that moved between memory and disk, disque.overflow: the rewrite's walk
+        may have missed it; the live file has it already)."""
+        if self.rewrite_buf is not None and job.state in (ACTIVE, QUEUED):
+            self.rewrite_buf += loadjob_record(job)
+
     def append(self, record: bytes) -> None:
         self.appended += 1
         if self.fd is not None:
@@ -430,12 +437,20 @@ def write_snapshot(jobs: JobShards, fd: int, start: int, budget: int) -> tuple[i
     return i, len(out)
 
 
+DiskWalk = Callable[[int, int], tuple[int, list[Job]]]
+
+
 class Rewrite:
     """One AOF rewrite from the live registry, in steps on the event loop."""
 
     def __init__(self, jobs: JobShards, path: str, temp_path: str, aof: AppendOnlyFile | None,
-                 done: Callable[[bool, str], None], incremental_fsync: bool = True) -> None:
+                 done: Callable[[bool, str], None], incremental_fsync: bool = True,
+                 disk: DiskWalk | None = None) -> None:
         self.jobs = jobs
+        # the jobs on disk (disque.overflow), walked after the registry: (row to go on
+        # after, 0 at the end; jobs) from a row
+        self.disk = disk
+        self.disk_after = -1  # -1: the registry's walk is not over
         # absolute: a CONFIG SET dir meanwhile must not make the final rename miss the file
         self.path = os.path.abspath(path)
         self.temp_path = os.path.abspath(temp_path)
@@ -455,16 +470,35 @@ class Rewrite:
     def step(self) -> bool:
         """Write the next batch of shards; True when the rewrite is complete."""
         n = self.jobs.shard_count()
-        end, written = write_snapshot(self.jobs, self.fd, self.cursor, REWRITE_JOBS_PER_STEP)
+        if self.cursor < n:
+            end, written = write_snapshot(self.jobs, self.fd, self.cursor,
+                                          REWRITE_JOBS_PER_STEP)
+            self.cursor = end
+        else:
+            end, written = n, self._disk_step()
         self.size += written
-        self.cursor = end
         if self.incremental_fsync and self.size - self.synced_size >= INCREMENTAL_FSYNC_BYTES:
             os.fsync(self.fd)  # many small fsyncs instead of one huge one at the end
             self.synced_size = self.size
         if end >= n:
+            if self.disk is not None and self.disk_after != 0:
+                return False  # the jobs on disk next
             self.finish()
             return True
         return False
+
+    def _disk_step(self) -> int:
+        """Write the next batch of jobs on disk; bytes written."""
+        assert self.disk is not None
+        after, jobs = self.disk(max(self.disk_after, 0), REWRITE_JOBS_PER_STEP)
+        self.disk_after = after
+        out = bytearray()
+        for job in jobs:
+            if job.state in (ACTIVE, QUEUED):
+                out += loadjob_record(job)
+        if out:
+            write_all(self.fd, out)
+        return len(out)
 
     def run_to_end(self) -> None:
         while not self.finished and not self.step():

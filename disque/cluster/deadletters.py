@@ -220,7 +220,7 @@ class DeadLetters:
         source queues: `count` of them (None: as many as are queued now). Returns how many
         the task will move at most."""
         q = self.node.lookup_queue(queue)
-        n = len(q.jobs) if q is not None else 0
+        n = len(q) if q is not None else 0  # (jobs on disk included: disque.overflow)
         remaining = n if count is None else min(count, n)
         if not remaining:
             self.tasks.pop(queue, None)
@@ -253,6 +253,8 @@ class DeadLetters:
                 continue
             q = node.lookup_queue(name)
             picked: list[Job] = []
+            if q is not None and q.spilled:
+                node.refill(q)  # its oldest jobs may be on disk
             if q is not None:
                 # oldest first; jobs added to this queue directly (no source) stay, and a
                 # bounded look past them keeps a tick short

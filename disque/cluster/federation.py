@@ -90,6 +90,8 @@ class Federation:
             return
         now = self.state.clock()
         count = max(msg.count, 1)
+        if q is not None and q.spilled:
+            self.state.refill(q)  # the oldest jobs go, from disk if that is where they are
         if q is None or not q.jobs:
             # Nothing to give now. Unlike the original (which drops the request and leaves
             # the asker to retry after its backoff, up to 2 s later), remember it briefly:

@@ -78,6 +78,8 @@ DEFAULT_GRACE_MS = 1000  # a holder unreachable this long has its copies made ag
 CRON_PER_SECOND = 10  # the cluster cron runs every 100 ms
 STEP_MS = 10  # a walk goes on in steps this far apart (short pauses for the clients)
 SCAN_PER_STEP = 2000  # jobs looked at per step
+DISK_STEP = 500  # jobs on disk read at a time (disque.overflow)
+DISK_DONE = 1 << 62  # a walk's cursor once past the jobs on disk too
 # A job short of copies is left to the reachable holder ranked first; this long after the
 # walk that left it, the others walk again and copy what is still short (that holder may
 # list the job without holding it)
@@ -106,7 +108,8 @@ class Repair:
     re-replication.
 
     The node's door: `membership.nodes()`, `linked_others()`, `jobs.shard_count()` /
-    `jobs.shard(i)`, `lookup_job(id)`, `send(node_id, msg)`, `header()`, `myself`, `rng`."""
+    `jobs.shard(i)`, `disk_jobs(after, n)`, `lookup_job(id)`, `send(node_id, msg)`, `header()`,
+    `myself`, `rng`."""
 
     __slots__ = ("node", "rate", "grace", "down", "stale_seen", "linked_seen", "view",
                  "cursor", "urgent", "again", "timer", "tokens", "last_step", "inflight", "pending",
@@ -125,7 +128,9 @@ class Repair:
         # what the last tick saw, for the steps: (linked, alive, spared, stale)
         self.view: tuple[tuple[bytes, ...], set[bytes], set[bytes], frozenset[bytes]] = (
             (), set(), set(), frozenset())
-        self.cursor = -1  # next registry shard of the walk under way (-1: none)
+        # next registry shard of the walk under way (-1: none; past the shard count: the
+        # jobs on disk)
+        self.cursor = -1
         # next shard of the urgent walk (-1: none): the jobs only this node holds among
         # the reachable ones, one crash from lost, go before the others on every change
         self.urgent = -1
@@ -273,13 +278,29 @@ class Repair:
         # per distinct node list (jobs added together share one tuple): its reachable
         # holders and the copies it is short of (holders within their grace count)
         lists: dict[tuple[bytes, ...], tuple[list[bytes], int]] = {}
-        while cursor < count and looked < SCAN_PER_STEP and budget > 0:
-            shard = jobs.shard(cursor)
-            cursor += 1
-            if not shard:
-                continue
-            looked += len(shard)
-            for job in list(shard.values()):
+        while looked < SCAN_PER_STEP and budget > 0:
+            if cursor < count:
+                shard = jobs.shard(cursor)
+                cursor += 1
+                if not shard:
+                    continue
+                batch = list(shard.values())
+            elif cursor < DISK_DONE and node.on_disk:
+                # then the jobs on disk (disque.overflow; cursor = shard count + the row
+                # to go on after): those that may be short come back to memory first
+                after, found = node.disk_jobs(cursor - count, DISK_STEP)
+                cursor = count + after if after else DISK_DONE
+                batch = []
+                for copy in found:
+                    if not stale.isdisjoint(copy.delivered) and copy.retry:
+                        back = node.lookup_job(copy.id)
+                        if back is not None:
+                            batch.append(back)
+            else:
+                cursor = DISK_DONE
+                break
+            looked += len(batch)
+            for job in batch:
                 delivered = job.delivered
                 if stale.isdisjoint(delivered) or (job.state != ACTIVE and job.state != QUEUED) \
                         or not job.retry or job.flags & (F_DUMMY | F_RELOADED):
@@ -325,8 +346,8 @@ class Repair:
                 self._copy(job, targets, now)  # (job.delivered is a new tuple now)
                 budget -= len(targets)
         if urgent:
-            self.urgent = cursor if cursor < count else -1
-        elif cursor >= count:
+            self.urgent = cursor if cursor < DISK_DONE else -1
+        elif cursor >= DISK_DONE:
             self.under = self.found
             self.found = 0
             self.deferred_seen = self.deferred

@@ -479,6 +479,8 @@ class JobReplication:
             # register() and the lookup of a copy we already hold in one probe of the
             # registry (among millions of jobs, each probe is a cache miss)
             shard = shards[hash(job_id) & mask]
+            if st.on_disk and job_id not in shard:
+                st.fault_in(job_id)  # a copy held on disk (disque.overflow) merges too
             known = shard.setdefault(job_id, job)
             if known is not job:
                 known.delivered = known.delivered + tuple(

@@ -90,7 +90,7 @@ class Requeue:
         """ENQUEUE / NACK: active jobs back into their queue; counters as the checklist."""
         moved = 0
         for job_id in ids:
-            job = self.state.jobs.get(job_id)
+            job = self.state.lookup_job(job_id)
             if job is None or job.state != ACTIVE:
                 continue
             if nack and job.dl is not None and job.qtime and \
@@ -128,7 +128,7 @@ class Requeue:
         moved = 0
         now = self.state.clock()
         for job_id in ids:
-            job = self.state.jobs.get(job_id)
+            job = self.state.lookup_job(job_id)
             if job is None or job.state != ACTIVE:
                 continue
             wait = delay
@@ -156,14 +156,14 @@ class Requeue:
     def dequeue_jobs(self, ids: Iterable[bytes]) -> int:
         moved = 0
         for job_id in ids:
-            job = self.state.jobs.get(job_id)
+            job = self.state.lookup_job(job_id)
             if job is not None and self.state.dequeue(job):
                 moved += 1
         return moved
 
     def working(self, job_id: bytes) -> int:
         """Postpone the next delivery by the retry time; returns the retry (seconds)."""
-        job = self.state.jobs.get(job_id)
+        job = self.state.lookup_job(job_id)
         if job is None:
             raise CommandError("NOJOB", "Job not known in the context of this node.")
         now = self.state.clock()

@@ -86,6 +86,7 @@ FIRST_SIGHT_MS = 500
 # millions that finds few jobs to send (a node that joins, or held few of them) goes on
 # over several ticks instead of pausing the clients for a large part of a second.
 SCAN_PER_TICK = 20000
+DISK_STEP = 1000  # jobs on disk read at a time (disque.overflow)
 CRON_PER_SECOND = 10  # the cluster cron runs every 100 ms
 # How long after a restart copies received listing the restarted node are looked at again
 # (the other holders' walks for it finish within this, at the default rate and backlogs of
@@ -100,7 +101,7 @@ class Rereplication:
     `confirmed(sender, job_id)` for a GOTJOB that answers none of ADDJOB's REPLJOBs.
 
     The node's door: `membership.nodes()`, `jobs.shard_count()` / `jobs.shard(i)`,
-    `send(node_id, msg)`, `header()`, `linked_others()`, `myself`."""
+    `disk_jobs(after, n)`, `send(node_id, msg)`, `header()`, `linked_others()`, `myself`."""
 
     __slots__ = ("node", "rate", "seen", "cursors", "inflight", "rereplicated", "unlisted",
                  "since", "recent", "rechecks", "rechecked")
@@ -109,7 +110,8 @@ class Rereplication:
         self.node = node
         self.rate = rate  # copies per second; 0: re-replication off
         self.seen: dict[bytes, int] = {}  # node ID -> incarnation last seen
-        self.cursors: dict[bytes, int] = {}  # restarted node -> next registry shard
+        # restarted node -> next registry shard (past the shard count: the jobs on disk)
+        self.cursors: dict[bytes, int] = {}
         # (node ID, job ID) -> (sent at ms, attempts): REPLJOBs waiting for their GOTJOB
         self.inflight: dict[tuple[bytes, bytes], tuple[int, int]] = {}
         self.rereplicated = 0
@@ -260,6 +262,25 @@ class Rereplication:
             for job in list(shard.values()):
                 if wanted(job, target) and (target, job.id) not in inflight:
                     budget -= self._restore(job, target, empty, holders, now)
+        if cursor >= count and self.node.on_disk:
+            # then the jobs on disk (disque.overflow; cursor = shard count + the row to go
+            # on after): one this node must act on comes back to memory first
+            lookup = self.node.lookup_job
+            while budget > 0 and looked < SCAN_PER_TICK:
+                after, found = self.node.disk_jobs(cursor - count, DISK_STEP)
+                looked += len(found)
+                for copy in found:
+                    if wanted(copy, target) and (target, copy.id) not in inflight:
+                        back = lookup(copy.id)
+                        if back is not None and wanted(back, target):
+                            budget -= self._restore(back, target, empty, holders, now)
+                if not after:
+                    cursor = count
+                    break
+                cursor = count + after
+            else:
+                self.cursors[target] = cursor
+                return budget
         if cursor >= count:
             del self.cursors[target]
         else:

@@ -138,7 +138,7 @@ def add_one_job(c: Caller, queue: bytes, body: bytes, timeout: int, o: AddJobOpt
             return b"+%b\r\n" % known
     if unqueued and o.maxlen is not None:
         q = node.lookup_queue(queue)
-        if (len(q.jobs) if q is not None else 0) + unqueued >= o.maxlen:
+        if (len(q) if q is not None else 0) + unqueued >= o.maxlen:
             raise CommandError("MAXLEN", "Queue is already longer than the specified "
                                          "MAXLEN count")
     dl = o.dl

@@ -383,9 +383,29 @@ def cmd_jscan(c: Caller, argv: list[bytes]) -> None:
                 and (not states or job.state in states))
 
     node = c.node
-    nxt, jobs = node.jobs.scan(cursor, count, keep, busyloop)
+    nxt, jobs = scan_jobs(node, cursor, count, keep, busyloop)
     if reply_all:
         items: list[Any] = [show_fields(node, job) for job in jobs]
     else:
         items = [Status(job.id.decode()) for job in jobs]
     c.out.append(encode([str(nxt).encode(), items], c.proto))
+
+
+def scan_jobs(node: Node, cursor: int, count: int, keep: Callable[[Job], bool],
+              busyloop: bool) -> tuple[int, list[Job]]:
+    """JSCAN's walk: the registry's shards (cursors below their count), then the jobs on
+    disk (disque.overflow; cursor = shard count + the store's row to go on after)."""
+    shards = node.jobs.shard_count()
+    jobs: list[Job] = []
+    nxt = cursor
+    if cursor < shards:
+        nxt, jobs = node.jobs.scan(cursor, count, keep, busyloop)
+        if nxt == 0 and node.on_disk:
+            nxt = shards  # the registry is done: the disk next
+    while nxt >= shards and (busyloop or len(jobs) < count):
+        after, found = node.overflow.scan(nxt - shards, count)
+        jobs += [job for job in found if keep(job)]
+        nxt = shards + after if after else 0
+        if not busyloop:
+            break
+    return nxt, jobs

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 @command("qlen", 2, "readonly fast")
 def cmd_qlen(c: Caller, argv: list[bytes]) -> None:
     q = c.node.lookup_queue(argv[1])
-    c.out.append(integer(len(q.jobs) if q is not None else 0))
+    c.out.append(integer(len(q) if q is not None else 0))
 
 
 @command("qpeek", 3, "readonly")
@@ -27,7 +27,7 @@ def cmd_qpeek(c: Caller, argv: list[bytes]) -> None:
     if q is None or count == 0:
         c.out.append(EMPTY_ARRAY)
         return
-    jobs = q.jobs.oldest(count) if count > 0 else q.jobs.newest(-count)
+    jobs = c.node.overflow.peek(q, abs(count), count < 0)
     c.out.append(array_len(len(jobs)) + b"".join(job_entry(j, False) for j in jobs))
 
 
@@ -36,7 +36,7 @@ def queue_stats(node: Node, q: Queue) -> list[Any]:
     dead = node.deadletters.by_queue.get(q.name, 0)
     return [
         b"name", q.name,
-        b"len", len(q.jobs),
+        b"len", len(q),
         b"age", (now - q.ctime) // 1000,
         b"idle", (now - q.atime) // 1000,
         b"blocked", len(q.waiters),
@@ -45,7 +45,8 @@ def queue_stats(node: Node, q: Queue) -> list[Any]:
         b"jobs-in", q.jobs_in,
         b"jobs-out", q.jobs_out,
         b"pause", q.pause_name(),
-    ] + ([b"deadlettered", dead] if dead else [])  # (the original's 20 elements otherwise)
+    ] + ([b"deadlettered", dead] if dead else []) + (  # (the original's 20 elements otherwise)
+        [b"overflow-jobs", q.spilled] if node.overflow.store is not None else [])
 
 
 @command("qstat", 2, "readonly fast")
@@ -78,7 +79,7 @@ def cmd_qscan(c: Caller, argv: list[bytes]) -> None:
         count = 1
 
     def keep(q: Queue) -> bool:
-        n = len(q.jobs)
+        n = len(q)
         return ((minlen is None or n >= minlen) and (maxlen is None or n <= maxlen)
                 and (importrate is None or q.import_rate >= importrate))
 

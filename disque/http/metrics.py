@@ -200,7 +200,7 @@ class DisqueCollector:
         yield breceived
 
     def _copies(self) -> Iterator[Metric]:
-        """Re-replication and repair (INFO's jobs section)."""
+        """Re-replication, repair and overflow (INFO's jobs section)."""
         jobs = self.view.info()["Jobs"]
         yield GaugeMetricFamily("disque_rereplication_pending",
                                 "Copies sent again to restarted nodes, GOTJOB not back yet.",
@@ -214,6 +214,22 @@ class DisqueCollector:
         yield CounterMetricFamily("disque_jobs_repaired",
                                   "Copies made on new nodes for jobs short of a down holder "
                                   "(confirmed).", value=jobs["repaired_jobs"])
+        yield GaugeMetricFamily("disque_overflow_jobs", "Jobs on disk (overflow), now.",
+                                value=jobs["overflow_jobs"])
+        yield GaugeMetricFamily("disque_overflow_bytes",
+                                "Bytes of the jobs on disk (overflow), now.",
+                                value=jobs["overflow_bytes"])
+        yield GaugeMetricFamily("disque_overflow_file_bytes",
+                                "Size of the overflow file.", value=jobs["overflow_file_bytes"])
+        yield CounterMetricFamily("disque_overflow_written_jobs",
+                                  "Jobs moved to disk since start.",
+                                  value=jobs["overflow_written_jobs"])
+        yield CounterMetricFamily("disque_overflow_read_jobs",
+                                  "Jobs brought back from disk since start.",
+                                  value=jobs["overflow_read_jobs"])
+        yield GaugeMetricFamily("disque_overflow_full",
+                                "1 while the overflow file or its disk is full.",
+                                value=1 if jobs["overflow_status"] == "full" else 0)
 
     def _aof(self) -> Iterator[Metric]:
         aof = self.view.aof()

@@ -329,7 +329,7 @@ class NodeView:
                 totals["jobs-out"] += q.jobs_out
                 if cap > 0:
                     seq += 1  # (ties: no Queue comparison)
-                    key = (len(q.jobs), active.get(q.name, 0), q.jobs_in + q.jobs_out, seq, q)
+                    key = (len(q), active.get(q.name, 0), q.jobs_in + q.jobs_out, seq, q)
                     if len(heap) < cap:
                         heapq.heappush(heap, key)
                     elif key[:4] > heap[0][:4]:

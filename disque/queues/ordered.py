@@ -103,6 +103,26 @@ class OrderedJobs:
             del self._maxes[0]
         return job
 
+    def pop_newest(self, n: int) -> list[Job]:
+        """Remove and return the n newest jobs (fewer if there are not as many)."""
+        out: list[Job] = []
+        chunks = self._chunks
+        maxes = self._maxes
+        while n > 0 and chunks:
+            chunk = chunks[-1]
+            if len(chunk) <= n:
+                out += chunk
+                n -= len(chunk)
+                del chunks[-1]
+                del maxes[-1]
+            else:
+                out += chunk[-n:]
+                del chunk[-n:]
+                maxes[-1] = chunk[-1].ctime
+                n = 0
+        self.size -= len(out)
+        return out
+
     def first(self) -> Job | None:
         return self._chunks[0][0] if self.size else None
 

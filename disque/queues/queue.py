@@ -15,7 +15,8 @@ class Queue:
     __slots__ = ("name", "jobs", "ctime", "atime", "paused", "waiters", "jobs_in",
                  "jobs_out", "needjobs_bcast_time", "needjobs_adhoc_time",
                  "needjobs_bcast_attempt", "needjobs_adhoc_attempt", "needjobs_responders",
-                 "import_rate", "import_samples", "added", "acked", "nacked", "requeued")
+                 "import_rate", "import_samples", "added", "acked", "nacked", "requeued",
+                 "spilled", "disk_first")
 
     def __init__(self, name: bytes, now_ms: int) -> None:
         self.name = name
@@ -41,12 +42,17 @@ class Queue:
         self.needjobs_responders: dict[bytes, int] = {}
         self.import_rate = 0
         self.import_samples: list[tuple[int, int]] = []
+        # Jobs of this queue on disk (disque.overflow), and a lower bound of the ctime of
+        # the oldest of them: `jobs` holds the rest, and its head is older than all of them.
+        self.spilled = 0
+        self.disk_first = 0
 
     def __len__(self) -> int:
-        return len(self.jobs)
+        """Jobs queued, in memory and on disk (QLEN)."""
+        return len(self.jobs) + self.spilled
 
     def pause_name(self) -> bytes:
         return PAUSE_NAMES[self.paused]
 
     def evictable(self) -> bool:
-        return not self.jobs and not self.waiters and not self.paused
+        return not self.jobs and not self.spilled and not self.waiters and not self.paused

@@ -175,7 +175,8 @@ def test_info_ping_and_raw_commands(client: Client):
                                         "rereplicated_jobs", "rereplication_unlisted",
                                         "rereplication_rechecks", "rereplication_rechecked",
                                         "underreplicated_jobs",
-                                        "repaired_jobs"}
+                                        "repaired_jobs", "overflow_status", "overflow_jobs",
+                                        "overflow_bytes", "overflow_file_bytes", "overflow_written_jobs", "overflow_read_jobs", "overflow_spills"}
     assert client.ping() == "PONG"
     assert client.execute_command("ECHO", "hi") == b"hi"
     with pytest.raises(DisqueError) as exc:

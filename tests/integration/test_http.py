@@ -187,7 +187,14 @@ def test_metrics_parse_and_match_info_and_qstat_under_load(hnode: DisqueProcess,
             ("disque_rereplication_pending", None, "rereplication_pending"),
             ("disque_jobs_rereplicated", "disque_jobs_rereplicated_total", "rereplicated_jobs"),
             ("disque_jobs_underreplicated", None, "underreplicated_jobs"),
-            ("disque_jobs_repaired", "disque_jobs_repaired_total", "repaired_jobs")):
+            ("disque_jobs_repaired", "disque_jobs_repaired_total", "repaired_jobs"),
+            ("disque_overflow_jobs", None, "overflow_jobs"),
+            ("disque_overflow_bytes", None, "overflow_bytes"),
+            ("disque_overflow_file_bytes", None, "overflow_file_bytes"),
+            ("disque_overflow_written_jobs", "disque_overflow_written_jobs_total",
+             "overflow_written_jobs"),
+            ("disque_overflow_read_jobs", "disque_overflow_read_jobs_total",
+             "overflow_read_jobs")):
         assert fams[metric].type == ("counter" if total else "gauge")
         assert sample(fams, metric, total or metric) == int(inf[field])
 

@@ -46,6 +46,7 @@ from disque.jobs.deadletter import DeadLetter
 from disque.jobs.job import ACTIVE, QUEUED, WAIT_REPL, Job
 from disque.node import Node, Waiter
 from disque.protocol.errors import CommandError
+from disque.state import BASE_MEMORY
 from tests.sim.network import SimLink, SimNetwork, SimNode
 
 
@@ -169,11 +170,28 @@ class Worker(Waiter):
         self.node_obj = None  # -LEAVING: the next poll tries again
 
 
+OVERFLOW_ROOM = 8000  # bytes of jobs a node holds in memory with overflow on (~16 jobs)
+OVERFLOW_KEEP = 4
+
+
+def on_disk(node: Node) -> list[Job]:
+    """Every job node i holds on disk (overflow)."""
+    out: list[Job] = []
+    after = 0
+    while True:
+        after, jobs = node.overflow.scan(after, 1000)
+        out += jobs
+        if not after:
+            return out
+
+
 class SimCluster(SimNetwork):
     def __init__(self, n: int, seed: int = 0, *, check_jobs: bool = True,
                  repair_grace: int | None = None, copy_rate: int | None = None,
-                 **kw: Any) -> None:
+                 overflow_dir: str | None = None, **kw: Any) -> None:
         self.check_jobs = check_jobs
+        # with a directory, every node overflows to a file there past a few jobs
+        self.overflow_dir = overflow_dir
         self.repair_grace = repair_grace  # the nodes' repair-grace (None: the default)
         self.copy_rate = copy_rate  # their rereplicate-rate and repair-rate (None: defaults)
         self.jobnodes: list[Node] = []
@@ -200,6 +218,12 @@ class SimCluster(SimNetwork):
             node.repair.grace = self.repair_grace
         if self.copy_rate is not None:
             node.repair.rate = node.rereplication.rate = self.copy_rate
+        if self.overflow_dir is not None:
+            # room for OVERFLOW_ROOM bytes of jobs under the threshold, queues of more than
+            # OVERFLOW_KEEP jobs spill too
+            node.maxmemory = 2 * (BASE_MEMORY + OVERFLOW_ROOM)
+            node.overflow.keep = OVERFLOW_KEEP
+            node.overflow.enable(f"{self.overflow_dir}/n{sn.idx}-{sn.incarnation}.db", 50, 0)
         return node
 
     def node(self, i: int) -> Node:
@@ -228,11 +252,14 @@ class SimCluster(SimNetwork):
         node = self.jobnodes[i] = self._new_node(sn)
         if aof:
             now = self.now
-            for job in list(old.jobs.values()):
+            for job in [*old.jobs.values(), *on_disk(old)]:
                 if job.state in (ACTIVE, QUEUED):
                     copy = job_from_record(job_record(job, now), now)
                     copy.state = job.state
                     node.load_job(copy, False)
+        if old.overflow.store is not None:
+            old.overflow.store.close()  # (its file is the crashed process's)
+            old.overflow.store = None
         self.wake_at[i] = None
         self._arm(sn)
 
@@ -421,16 +448,17 @@ class SimCluster(SimNetwork):
                 and self.jobnodes[sn.idx].lookup_job(job_id) is not None]
 
     def job_count(self) -> int:
-        return sum(len(self.jobnodes[sn.idx].jobs) for sn in self.nodes if sn.state != "down")
+        return sum(len(self.jobnodes[sn.idx].jobs) + self.jobnodes[sn.idx].on_disk
+                   for sn in self.nodes if sn.state != "down")
 
     def all_jobs(self) -> dict[int, list[Job]]:
-        return {sn.idx: list(self.jobnodes[sn.idx].jobs.values()) for sn in self.nodes
-                if sn.state != "down"}
+        return {sn.idx: [*self.jobnodes[sn.idx].jobs.values(), *on_disk(self.jobnodes[sn.idx])]
+                for sn in self.nodes if sn.state != "down"}
 
 
 def check_queues(node: Node, idx: int, ids: set[bytes], names: set[bytes]) -> None:
-    """A job is in a queue iff its state is QUEUED (then in its own queue, registered),
-    over the jobs `ids` and the queues `names`."""
+    """A job in memory is in a queue iff its state is QUEUED (then in its own queue,
+    registered), over the jobs `ids` and the queues `names`."""
     in_queues: set[bytes] = set()
     for name in names:
         q = node.lookup_queue(name)
@@ -439,10 +467,10 @@ def check_queues(node: Node, idx: int, ids: set[bytes], names: set[bytes]) -> No
         for job in q.jobs:
             assert job.state == QUEUED, f"node{idx}: {job!r} in queue {q.name!r}"
             assert job.queue == q.name, f"node{idx}: {job!r} in the wrong queue {q.name!r}"
-            assert node.lookup_job(job.id) is job, f"node{idx}: queued {job!r} unregistered"
+            assert node.jobs.get(job.id) is job, f"node{idx}: queued {job!r} unregistered"
             assert job.id not in in_queues, f"node{idx}: {job!r} queued twice"
             in_queues.add(job.id)
-    lookup = node.lookup_job
+    lookup = node.jobs.get  # (not lookup_job: that brings jobs back from disk)
     for job_id in ids:
         job = lookup(job_id)
         if job is not None and job.state == QUEUED:

@@ -21,6 +21,7 @@ one copy of every job then survives each crash.
 
     python -m tests.sim.schedules --seeds 1000 [--start 0] [--crashes 3]
     python -m tests.sim.schedules --seed 1234          # one seed, verbose: a reproduction
+    python -m tests.sim.schedules --seeds 200 --overflow  # every node overflows to a file
 
 A failing seed prints its one-line reproduction command; failing seeds found this way are
 kept as explicit examples in test_jobs_sim.py.
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import random
 import sys
+import tempfile
 import time
 import traceback
 from typing import Any
@@ -50,7 +52,12 @@ KILL_GRACE = 300  # repair-grace (ms), well under TIMEOUT
 KILL_COPY_RATE = 100
 
 
+OVERFLOW_DIR: str | None = None  # --overflow: every node overflows to a file in this directory
+
+
 def formed(n: int = 3, seed: int = 0, **kw: object) -> SimCluster:
+    if OVERFLOW_DIR is not None and "overflow_dir" not in kw:
+        kw["overflow_dir"] = OVERFLOW_DIR
     net = SimCluster(n, seed=seed, node_timeout=TIMEOUT, **kw)  # type: ignore[arg-type]
     for i in range(1, n):
         net.meet(0, i)
@@ -266,11 +273,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--random-kill", type=int, metavar="SECONDS", default=0,
                     help="run issue 25's random-kill schedule for SECONDS of simulated time "
                          "instead (5 nodes, up to 2 down at once)")
+    ap.add_argument("--overflow", action="store_true",
+                    help="every node with overflow on, past a few jobs (issue 22)")
     args = ap.parse_args(argv)
+    global OVERFLOW_DIR
+    if args.overflow:
+        OVERFLOW_DIR = tempfile.mkdtemp(prefix="disque-sim-overflow-")
     what = (f"random kills for {args.random_kill}s" if args.random_kill
             else f"{args.crashes} rolling crashes max")
     again = (f"--random-kill {args.random_kill}" if args.random_kill
-             else f"--crashes {args.crashes}")
+             else f"--crashes {args.crashes}") + (" --overflow" if args.overflow else "")
+    what += ", overflow on" if args.overflow else ""
     seeds = [args.seed] if args.seed is not None else range(args.start,
                                                              args.start + args.seeds)
     failed = []

@@ -410,3 +410,24 @@ def test_the_jobs_simulation_is_deterministic_for_a_seed(seed: int) -> None:
         return sorted((t, i, j) for j, d in net.deliveries.items() for t, i in d)
 
     assert trace(seed) == trace(seed)
+
+
+# ---------------------------------------------------------------------------- overflow
+@pytest.fixture
+def overflowing(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    """Every node of the schedules overflows to a file past a few jobs (issue 22)."""
+    import tests.sim.schedules as schedules
+    monkeypatch.setattr(schedules, "OVERFLOW_DIR", str(tmp_path))
+    return tmp_path
+
+
+@pytest.mark.parametrize("seed", [0, 6, 16, 19])
+def test_fault_schedules_with_overflow_lose_no_job(overflowing, seed: int) -> None:  # type: ignore[no-untyped-def]
+    """`make sim` schedules with every node moving jobs to disk and back all along: no job
+    lost, none delivered twice at most once, nothing left anywhere (on disk included)."""
+    run_schedule(**random_params(seed, crashes=3))
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_random_kills_with_overflow_lose_no_job(overflowing, seed: int) -> None:  # type: ignore[no-untyped-def]
+    run_random_kills(**random_kill_params(seed, 20))

@@ -478,7 +478,7 @@ GET_ORDER = [
     *ORIGINAL_GET_ORDER,
     # disque-py additions
     "log-format", "proto-max-bulk-len", "client-query-buffer-limit", "queue-idle-timeout",
-    "rereplicate-rate", "repair-rate", "repair-grace", "cluster-forget-ttl", "default-max-deliveries", "default-max-nacks", "deadletter-queue", "redrive-rate",
+    "rereplicate-rate", "repair-rate", "repair-grace", "overflow", "overflow-dir", "overflow-threshold", "overflow-max-size", "cluster-forget-ttl", "default-max-deliveries", "default-max-nacks", "deadletter-queue", "redrive-rate",
     "cluster-announce-ip", "cluster-announce-port", "cluster-config-file", "appendfilename",
     "cluster-port-offset", "cluster-password", "tls-port", "tls-cert-file", "tls-key-file",
     "tls-key-file-pass", "tls-ca-cert-file", "tls-ca-cert-dir", "tls-auth-clients",

@@ -1,0 +1,182 @@
+"""disque.overflow: jobs past the memory threshold go to a real SQLite file and come back in
+queue order; a lone node on a fake clock (tests/unit/test_node.py's Sim), no sockets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from disque.jobs.deadletter import DeadLetter
+from disque.jobs.job import ACKED, ACTIVE, QUEUED, Job
+from disque.overflow import KEEP
+from disque.overflow.record import pack_job, unpack_job
+from disque.overflow.store import OverflowFull, OverflowStore
+from tests.unit.test_node import Sim
+
+BODY = b"x" * 1000
+
+
+def overflowing(tmp_path: Path, maxmemory: int = 4 << 20, threshold: int = 50,
+                max_bytes: int = 0) -> Sim:
+    sim = Sim(maxmemory=maxmemory)
+    sim.node.overflow.enable(str(tmp_path / "ov" / "jobs.db"), threshold, max_bytes)
+    return sim
+
+
+def fill(sim: Sim, n: int, queue: bytes = b"q", **kw: object) -> list[Job]:
+    jobs = []
+    for i in range(n):
+        jobs.append(sim.add(queue, b"%06d" % i + BODY, **kw))  # type: ignore[arg-type]
+        if i % 200 == 0:
+            sim.advance(1)
+    sim.advance(50)
+    return jobs
+
+
+def drain(sim: Sim, queue: bytes = b"q") -> list[bytes]:
+    bodies = []
+    while True:
+        got = sim.node.get_jobs([queue], 7)
+        if not got:
+            return bodies
+        bodies += [j.body[:6] for j in got]  # type: ignore[index]
+        sim.node.ackjob([j.id for j in got])
+        sim.advance(1)
+
+
+def test_the_record_keeps_every_field() -> None:
+    job = Job(b"D-01234567-" + b"a" * 24 + b"-0001", b"q", b"body", 3, 123456789, 99000, 5,
+              60, (b"n" * 40, b"m" * 40))
+    job.state, job.flags, job.nacks, job.deliveries = QUEUED, 0x25, 4, 7
+    job.confirmed, job.qtime, job.gc_retry = (b"m" * 40,), 55555, 2
+    job.dl = DeadLetter(3, 2, b"dead", b"q", 100, 0, 0, 0)
+    back = unpack_job(pack_job(job))
+    fields = ("id", "queue", "body", "state", "flags", "repl", "ctime", "etime", "delay", "retry",
+              "nacks", "deliveries", "delivered", "confirmed", "qtime", "gc_retry", "dl")
+    for f in fields:
+        assert getattr(back, f) == getattr(job, f), f
+
+
+def test_the_store_takes_by_id_by_queue_order_and_by_wake_time(tmp_path: Path) -> None:
+    store = OverflowStore(str(tmp_path / "s.db"))
+    rows = [(b"id%d" % i, b"q" if i % 2 else b"r", 1000 - i, 500 + i, b"d%d" % i)
+            for i in range(10)]
+    store.put(rows)
+    assert store.jobs == 10 and store.bytes == sum(len(r[4]) for r in rows)
+    assert store.take(b"id3") == b"d3" and store.take(b"id3") is None
+    # queue q holds ids 1,5,7,9 now (3 is gone); oldest = highest i
+    got, nxt = store.take_oldest(b"q", 2)
+    assert got == [b"d9", b"d7"] and nxt == 1000 - 5
+    assert store.peek(b"q", 5) == [b"d5", b"d1"] and store.peek(b"q", 1, newest=True) == [b"d1"]
+    assert sorted(store.take_due(502, 100)) == [b"d0", b"d1", b"d2"]
+    assert store.jobs == 4 and store.read == 6
+    store.close()
+    assert not (tmp_path / "s.db").exists()
+
+
+def test_a_full_store_refuses_the_whole_batch(tmp_path: Path) -> None:
+    store = OverflowStore(str(tmp_path / "s.db"), max_bytes=256 * 1024)
+    big = [(b"id%d" % i, b"q", i, i, b"z" * 4000) for i in range(200)]
+    with pytest.raises(OverflowFull):
+        store.put(big)
+    assert store.jobs == 0 and store.take_oldest(b"q", 10) == ([], 0)
+    store.put(big[:10])  # what fits still goes in
+    assert store.jobs == 10
+
+
+def test_the_store_file_is_deleted_when_it_opens(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    path.write_bytes(b"a torn file from a killed node")
+    store = OverflowStore(str(path))
+    store.put([(b"a", b"q", 1, 1, b"d")])
+    assert store.take(b"a") == b"d"
+
+
+def test_queue_order_holds_across_the_boundary(tmp_path: Path) -> None:
+    sim = overflowing(tmp_path)
+    node = sim.node
+    fill(sim, 3000)
+    q = node.lookup_queue(b"q")
+    assert q is not None and q.spilled > 1000 and len(q) == 3000
+    assert node.mem_used <= node.spill_at
+    assert len(q.jobs) >= KEEP
+    fill(sim, 0)
+    more = [sim.add(b"q", b"%06d" % (3000 + i) + BODY) for i in range(500)]
+    assert len(more) == 500
+    bodies = drain(sim)
+    assert bodies == [b"%06d" % i for i in range(3500)]
+    assert node.on_disk == 0 and len(node.jobs) == 0 and q.spilled == 0
+
+
+def test_a_job_on_disk_answers_by_id_as_if_in_memory(tmp_path: Path) -> None:
+    sim = overflowing(tmp_path)
+    node = sim.node
+    jobs = fill(sim, 3000)
+    last = jobs[-1]
+    assert node.jobs.get(last.id) is None  # on disk
+    back = node.lookup_job(last.id)
+    assert back is not None and back is not last and back.state == QUEUED
+    assert back.body == last.body and back.qtime == last.qtime
+    q = node.lookup_queue(b"q")
+    assert q is not None and len(q) == 3000
+    # DEQUEUE / ACK / DELJOB of jobs still on disk
+    on_disk = [j.id for j in jobs[-400:-1] if node.jobs.get(j.id) is None][:3]
+    assert len(on_disk) == 3
+    assert node.dequeue_jobs([on_disk[0]]) == 1 and len(q) == 2999
+    assert node.lookup_job(on_disk[0]).state == ACTIVE  # type: ignore[union-attr]
+    assert node.ackjob([on_disk[1]]) == 1
+    acked = node.lookup_job(on_disk[1])  # (a lone node forgets an acked job at once)
+    assert acked is None or acked.state == ACKED
+    assert node.deljob([on_disk[2]]) == 1 and node.lookup_job(on_disk[2]) is None
+    assert len(q) == 2997
+    served = {j.id for j in jobs} - set(on_disk)
+    got = []
+    while True:
+        batch = node.get_jobs([b"q"], 100)
+        if not batch:
+            break
+        got += [j.id for j in batch]
+    assert len(got) == len(set(got)) == 2997 and set(got) == served
+
+
+def test_jobs_on_disk_expire(tmp_path: Path) -> None:
+    sim = overflowing(tmp_path)
+    node = sim.node
+    fill(sim, 3000, ttl=5)
+    assert node.on_disk > 0
+    sim.advance(6000)
+    q = node.lookup_queue(b"q")
+    assert node.on_disk == 0 and len(node.jobs) == 0
+    assert q is None or len(q) == 0
+
+
+def test_active_jobs_go_to_disk_and_come_back_for_their_requeue(tmp_path: Path) -> None:
+    sim = overflowing(tmp_path)
+    node = sim.node
+    jobs = fill(sim, 3000, retry=30)
+    got = node.get_jobs([b"q"], 3000)  # all delivered: active, waiting for their ACK
+    assert len(got) == 3000
+    sim.advance(50)
+    assert node.on_disk > 1000  # active jobs on disk now
+    sim.advance(31_000)  # their requeue: back from disk, queued again (and spilled again)
+    q = node.lookup_queue(b"q")
+    assert q is not None and len(q) == 3000
+    assert drain(sim) == [b"%06d" % i for i in range(3000)]
+    assert all(node.lookup_job(j.id) is None for j in jobs)
+
+
+def test_a_full_disk_stops_overflow_and_nothing_is_lost(tmp_path: Path) -> None:
+    sim = overflowing(tmp_path, max_bytes=512 * 1024)
+    node = sim.node
+    fill(sim, 3000)
+    assert node.overflow.full_error is not None
+    assert node.mem_used > node.spill_at  # held in memory instead
+    assert drain(sim) == [b"%06d" % i for i in range(3000)]
+
+
+def test_flushall_forgets_the_disk_too(tmp_path: Path) -> None:
+    sim = overflowing(tmp_path)
+    jobs = fill(sim, 3000)
+    sim.node.flushall()
+    assert sim.node.on_disk == 0 and sim.node.lookup_job(jobs[-1].id) is None
