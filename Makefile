@@ -158,13 +158,14 @@ chaos: install
 	$(PY) -m tests.chaos.run --seconds $(CHAOS_SECONDS) $(CHAOS_ARGS)
 
 # Randomized simulation schedules (tests/sim/schedules.py) with rolling crashes; a failing
-# seed prints its one-line reproduction.
+# seed prints its one-line reproduction. SIM_ARGS=--overflow: every node overflows to disk.
 SEEDS ?= 1000
 SIM_CRASHES ?= 3
 SIM_RANDOM_KILL ?= 0
+SIM_ARGS ?=
 sim: install
 	$(PY) -m tests.sim.schedules --seeds $(SEEDS) --crashes $(SIM_CRASHES) \
-		--random-kill $(SIM_RANDOM_KILL)
+		--random-kill $(SIM_RANDOM_KILL) $(SIM_ARGS)
 
 lint: install typecheck
 	$(VENV)/bin/ruff check disque tests benchmarks examples

@@ -387,7 +387,8 @@ def _flatten(info: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return {k: v for section in info.values() for k, v in section.items()}
 
 
-SUMMARY_FIELDS = ("used_memory", "used_memory_human", "registered_jobs", "registered_queues",
+SUMMARY_FIELDS = ("used_memory", "used_memory_human", "registered_jobs", "overflow_jobs",
+                  "registered_queues",
                   "instantaneous_ops_per_sec", "connected_clients", "blocked_clients",
                   "uptime_in_seconds", "disque_py_version", "total_commands_processed")
 

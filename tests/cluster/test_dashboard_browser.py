@@ -138,6 +138,9 @@ def test_dashboard_shows_the_cluster_and_pauses_a_queue(
     # peers' numbers come from their own INFO: no 'unreachable' row
     wait_for(lambda: "unreachable" not in text_of(browser, "#nodes tbody"), timeout=20,
              what="every node's INFO")
+    # each node's jobs on disk (overflow is off here: 0 on every row)
+    assert [c.text for c in browser.find_elements(By.CSS_SELECTOR, "#nodes tbody td.ondisk")] \
+        == ["0", "0", "0"]
 
     queue_len = f'#queues tbody tr[data-queue="{QUEUE}"] td.len'
     wait_for(lambda: text_of(browser, queue_len) == str(JOBS), timeout=20,

@@ -135,6 +135,7 @@ function renderNodes(data) {
       el("td", { class: "link-" + n.link, text: n.link }),
       el("td", { class: "num", text: info.error ? "?" : human(info.used_memory) }),
       el("td", { class: "num", text: info.error ? "?" : fmt(info.registered_jobs) }),
+      el("td", { class: "num ondisk", text: info.error ? "?" : fmt(info.overflow_jobs || 0) }),
       el("td", { class: "num", text: info.error ? "?" : fmt(info.registered_queues) }),
       el("td", { class: "num", text: info.error ? "?" : fmt(info.instantaneous_ops_per_sec) }),
       el("td", { class: "num", title: info.error || "", text: info.error ? "unreachable" : fmt(info.connected_clients) }));
