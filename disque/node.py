@@ -27,7 +27,7 @@ and the table from bus message type to handler. See docs/architecture.md for the
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 from disque.cluster.acks import Acks
@@ -155,14 +155,18 @@ class Node(NodeState):
     def refill(self, q: Queue) -> None:
         self.overflow.refill(q)
 
-    def disk_jobs(self, after: int, n: int) -> tuple[int, list[Job]]:
-        return self.overflow.scan(after, n)
+    def disk_listing(self, after: int, n: int,
+                     nodes: Collection[bytes]) -> tuple[int, list[bytes]]:
+        return self.overflow.scan_listing(after, n, nodes)
 
     def _crossed(self, job: Job) -> None:
-        """A job went to disk or came back: an AOF rewrite under way logs it, since the
-        rewrite may have walked the side it is on now before it got there."""
+        """A job went to disk or came back: an AOF rewrite under way logs it, and a
+        re-replication walk under way looks at it again if it came back, since either may
+        have walked the side it is on now before it got there."""
         if self.persist is not None:
             self.persist.rewrite_note(job)
+        if self.rereplication.cursors and self.jobs.get(job.id) is job:
+            self.rereplication.came_back(job)  # back into a shard a walk may have passed
 
     def copy_confirmed(self, sender: bytes, job_id: bytes) -> None:
         """A GOTJOB that answers no ADDJOB: a copy re-replication or repair made."""

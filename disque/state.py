@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import random
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Protocol
 
 from disque.cluster.membership import Membership
@@ -168,9 +168,11 @@ class NodeState:
         it is there (disque.overflow)."""
         raise NotImplementedError
 
-    def disk_jobs(self, after: int, n: int) -> tuple[int, list[Job]]:
-        """Up to n jobs on disk past row `after`, as read-only copies, and the row to go on
-        after (0: the end), for walks over every job (disque.overflow)."""
+    def disk_listing(self, after: int, n: int,
+                     nodes: Collection[bytes]) -> tuple[int, list[bytes]]:
+        """Of n jobs on disk past row `after`, the IDs of the at-least-once ones that list
+        any of `nodes`, and the row to go on after (0: the end): the walks of re-replication
+        and repair over the disk (disque.overflow)."""
         raise NotImplementedError
 
     def refill(self, q: Queue) -> None:

@@ -78,7 +78,8 @@ DEFAULT_GRACE_MS = 1000  # a holder unreachable this long has its copies made ag
 CRON_PER_SECOND = 10  # the cluster cron runs every 100 ms
 STEP_MS = 10  # a walk goes on in steps this far apart (short pauses for the clients)
 SCAN_PER_STEP = 2000  # jobs looked at per step
-DISK_STEP = 500  # jobs on disk read at a time (disque.overflow)
+DISK_STEP = 1000  # jobs on disk read at a time (disque.overflow)
+DISK_WEIGHT = 8  # rows SQLite looks at for the cost of one job looked at here
 DISK_DONE = 1 << 62  # a walk's cursor once past the jobs on disk too
 # A job short of copies is left to the reachable holder ranked first; this long after the
 # walk that left it, the others walk again and copy what is still short (that holder may
@@ -108,7 +109,7 @@ class Repair:
     re-replication.
 
     The node's door: `membership.nodes()`, `linked_others()`, `jobs.shard_count()` /
-    `jobs.shard(i)`, `disk_jobs(after, n)`, `lookup_job(id)`, `send(node_id, msg)`, `header()`,
+    `jobs.shard(i)`, `disk_listing(after, n, nodes)`, `lookup_job(id)`, `send(node_id, msg)`, `header()`,
     `myself`, `rng`."""
 
     __slots__ = ("node", "rate", "grace", "down", "stale_seen", "linked_seen", "view",
@@ -288,14 +289,15 @@ class Repair:
             elif cursor < DISK_DONE and node.on_disk:
                 # then the jobs on disk (disque.overflow; cursor = shard count + the row
                 # to go on after): those that may be short come back to memory first
-                after, found = node.disk_jobs(cursor - count, DISK_STEP)
+                after, found = node.disk_listing(cursor - count, DISK_STEP, stale)
                 cursor = count + after if after else DISK_DONE
+                # rows read by SQLite, a fraction of the cost of jobs looked at here
+                looked += DISK_STEP // DISK_WEIGHT
                 batch = []
-                for copy in found:
-                    if not stale.isdisjoint(copy.delivered) and copy.retry:
-                        back = node.lookup_job(copy.id)
-                        if back is not None:
-                            batch.append(back)
+                for job_id in found:
+                    back = node.lookup_job(job_id)
+                    if back is not None:
+                        batch.append(back)
             else:
                 cursor = DISK_DONE
                 break

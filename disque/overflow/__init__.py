@@ -42,11 +42,11 @@ node stops spilling for FULL_RETRY_MS and its memory rules apply as without over
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import structlog
 
-from disque.jobs.job import ACTIVE, JOB_MEMORY, QUEUED, Job
+from disque.jobs.job import ACTIVE, F_DUMMY, F_RELOADED, JOB_MEMORY, QUEUED, Job
 from disque.overflow.record import pack_job, unpack_job
 from disque.overflow.store import OverflowFull, OverflowStore, Row
 from disque.queues.queue import PAUSE_OUT, Queue
@@ -204,7 +204,8 @@ class Overflow:
             assert queue is not None  # (queued jobs have one)
             # a queued job wakes only to expire: its requeue time is pushed forward when
             # it is back (a queued job's timer does nothing else)
-            rows.append((job.id, queue, job.ctime, job.etime, pack_job(job)))
+            rows.append((job.id, queue, job.ctime, job.etime, b"".join(job.delivered),
+                         _copyable(job), pack_job(job)))
         if not self._put(rows, now):
             for job in jobs:
                 q.jobs.add(job)
@@ -239,8 +240,8 @@ class Overflow:
         if not jobs:
             return 0
         next_wake = state.next_wake
-        rows: list[Row] = [(job.id, b"", job.ctime, next_wake(job), pack_job(job))
-                           for job in jobs]
+        rows: list[Row] = [(job.id, b"", job.ctime, next_wake(job), b"".join(job.delivered),
+                            _copyable(job), pack_job(job)) for job in jobs]
         if not self._put(rows, now):
             return -1
         self._forget(jobs)
@@ -362,6 +363,15 @@ class Overflow:
         nxt = rows[-1][0] if len(rows) >= count else 0
         return nxt, [unpack_job(d) for _, d in rows]
 
+    def scan_listing(self, after: int, count: int,
+                     nodes: Collection[bytes]) -> tuple[int, list[bytes]]:
+        """The walks of re-replication and repair over the disk: the IDs of the copyable
+        jobs listing any of `nodes` among `count` rows past `after` (the store's
+        scan_listing)."""
+        if self.store is None:
+            return 0, []
+        return self.store.scan_listing(after, count, nodes)
+
     def drop_all(self) -> None:
         """DEBUG FLUSHALL, CLUSTER RESET: forget every job on disk."""
         if self.store is not None:
@@ -387,6 +397,12 @@ class Overflow:
 
 def _ctime(job: Job) -> int:
     return job.ctime
+
+
+def _copyable(job: Job) -> int:
+    """1 if re-replication and repair may copy the job (at-least-once, not a dummy ACK nor
+    a copy reloaded from the AOF that no holder confirmed yet)."""
+    return 1 if job.retry and not job.flags & (F_DUMMY | F_RELOADED) else 0
 
 
 def _in_memory(q: Queue) -> int:

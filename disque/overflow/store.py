@@ -21,7 +21,9 @@ SQLITE_FULL: the batch is rolled back (the rollback journal is kept in memory) a
 
 Rows: id, queue (empty for a job not queued here: never part of a queue's order), ctime (the
 queue order), wake (ms: when the job's timer wants it back: its expiry, or for an active job
-its requeue), data (the job, disque.overflow.record).
+its requeue), nodes (the IDs of the nodes listed for the job, concatenated) and copyable (1 if
+re-replication and repair may copy it), for the walks that look for the jobs listing a node
+without reading every job (`scan_listing`), data (the job, disque.overflow.record).
 """
 
 from __future__ import annotations
@@ -29,19 +31,21 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 CACHE_KIB = 8192  # SQLite's page cache, KiB
 
 _SCHEMA = (
     "CREATE TABLE jobs (id BLOB NOT NULL, queue BLOB NOT NULL, ctime INTEGER NOT NULL,"
-    " wake INTEGER NOT NULL, data BLOB NOT NULL)",
+    " wake INTEGER NOT NULL, nodes BLOB NOT NULL, copyable INTEGER NOT NULL,"
+    " data BLOB NOT NULL)",
     "CREATE UNIQUE INDEX jobs_id ON jobs (id)",
     "CREATE INDEX jobs_queue ON jobs (queue, ctime)",
     "CREATE INDEX jobs_wake ON jobs (wake)",
 )
 
-Row = tuple[bytes, bytes, int, int, bytes]  # id, queue, ctime, wake, data
+# id, queue, ctime, wake, nodes, copyable, data
+Row = tuple[bytes, bytes, int, int, bytes, int, bytes]
 
 
 class OverflowFull(Exception):
@@ -89,7 +93,7 @@ class OverflowStore:
         db = self.db
         try:
             db.execute("BEGIN")
-            db.executemany("INSERT INTO jobs VALUES (?, ?, ?, ?, ?)", rows)
+            db.executemany("INSERT INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
             db.execute("COMMIT")
         except sqlite3.Error as exc:
             with contextlib.suppress(sqlite3.Error):
@@ -98,7 +102,7 @@ class OverflowStore:
                 raise OverflowFull(str(exc)) from exc
             raise
         self.jobs += len(rows)
-        self.bytes += sum(len(r[4]) for r in rows)
+        self.bytes += sum(len(r[6]) for r in rows)
         self.written += len(rows)
 
     def _take(self, found: list[tuple[int, bytes]]) -> list[bytes]:
@@ -170,6 +174,17 @@ class OverflowStore:
         rows = self.db.execute("SELECT rowid, data FROM jobs WHERE rowid > ? ORDER BY rowid"
                                " LIMIT ?", (after, n)).fetchall()
         return [(int(r[0]), r[1]) for r in rows]
+
+    def scan_listing(self, after: int, n: int,
+                     nodes: Collection[bytes]) -> tuple[int, list[bytes]]:
+        """Walk up to n rows past rowid `after`: the IDs of the copyable jobs that list
+        any of `nodes`, and the rowid to go on after (0: the end)."""
+        listing = " OR ".join(["instr(nodes, ?) > 0"] * len(nodes)) or "0"
+        rows = self.db.execute(
+            f"SELECT rowid, CASE WHEN copyable AND ({listing}) THEN id END FROM jobs"
+            " WHERE rowid > ? ORDER BY rowid LIMIT ?", (*nodes, after, n)).fetchall()
+        nxt = int(rows[-1][0]) if len(rows) >= n else 0
+        return nxt, [r[1] for r in rows if r[1] is not None]
 
     def queues(self) -> Iterable[tuple[bytes, int]]:
         """(queue, jobs here) for every queue with jobs here."""

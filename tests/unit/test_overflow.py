@@ -60,10 +60,17 @@ def test_the_record_keeps_every_field() -> None:
 
 def test_the_store_takes_by_id_by_queue_order_and_by_wake_time(tmp_path: Path) -> None:
     store = OverflowStore(str(tmp_path / "s.db"))
-    rows = [(b"id%d" % i, b"q" if i % 2 else b"r", 1000 - i, 500 + i, b"d%d" % i)
+    rows = [(b"id%d" % i, b"q" if i % 2 else b"r", 1000 - i, 500 + i,
+             b"A" * 40 + (b"B" * 40 if i % 3 == 0 else b""), i % 5 != 4, b"d%d" % i)
             for i in range(10)]
     store.put(rows)
-    assert store.jobs == 10 and store.bytes == sum(len(r[4]) for r in rows)
+    assert store.jobs == 10 and store.bytes == sum(len(r[6]) for r in rows)
+    # the walks: copyable jobs listing a node, in row order, a bounded number of rows
+    assert store.scan_listing(0, 100, [b"B" * 40]) == (0, [b"id0", b"id3", b"id6"])
+    assert store.scan_listing(0, 5, [b"A" * 40, b"C" * 40]) == (5, [b"id%d" % i
+                                                                     for i in range(4)])
+    assert store.scan_listing(5, 5, [b"A" * 40]) == (10, [b"id5", b"id6", b"id7", b"id8"])
+    assert store.scan_listing(10, 5, [b"A" * 40]) == (0, [])
     assert store.take(b"id3") == b"d3" and store.take(b"id3") is None
     # queue q holds ids 1,5,7,9 now (3 is gone); oldest = highest i
     got, nxt = store.take_oldest(b"q", 2)
@@ -77,7 +84,7 @@ def test_the_store_takes_by_id_by_queue_order_and_by_wake_time(tmp_path: Path) -
 
 def test_a_full_store_refuses_the_whole_batch(tmp_path: Path) -> None:
     store = OverflowStore(str(tmp_path / "s.db"), max_bytes=256 * 1024)
-    big = [(b"id%d" % i, b"q", i, i, b"z" * 4000) for i in range(200)]
+    big = [(b"id%d" % i, b"q", i, i, b"", 1, b"z" * 4000) for i in range(200)]
     with pytest.raises(OverflowFull):
         store.put(big)
     assert store.jobs == 0 and store.take_oldest(b"q", 10) == ([], 0)
@@ -89,7 +96,7 @@ def test_the_store_file_is_deleted_when_it_opens(tmp_path: Path) -> None:
     path = tmp_path / "s.db"
     path.write_bytes(b"a torn file from a killed node")
     store = OverflowStore(str(path))
-    store.put([(b"a", b"q", 1, 1, b"d")])
+    store.put([(b"a", b"q", 1, 1, b"", 1, b"d")])
     assert store.take(b"a") == b"d"
 
 
