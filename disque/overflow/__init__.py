@@ -135,6 +135,7 @@ class Overflow:
         if store.jobs and now - self._last_expire >= EXPIRE_PERIOD:
             self._last_expire = now
             self.wake_due(now)
+            store.sweep()
         if not store.jobs and state.spill_at >= 1 << 62:
             store.close()  # turned off and drained
             self.store = None
@@ -359,9 +360,8 @@ class Overflow:
         """JSCAN's walk of the store: (the rowid to go on after, 0 at the end; jobs)."""
         if self.store is None:
             return 0, []
-        rows = self.store.scan(after, count)
-        nxt = rows[-1][0] if len(rows) >= count else 0
-        return nxt, [unpack_job(d) for _, d in rows]
+        nxt, datas = self.store.scan(after, count)
+        return nxt, [unpack_job(d) for d in datas]
 
     def scan_listing(self, after: int, count: int,
                      nodes: Collection[bytes]) -> tuple[int, list[bytes]]:

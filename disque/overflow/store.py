@@ -1,12 +1,27 @@
-"""OverflowStore: the jobs a node moved to disk, in one SQLite file.
+"""OverflowStore: the jobs a node moved to disk, in one SQLite file, in segments.
 
-Why SQLite rather than hand-written segment files: an overflowed job must still be found by
-its ID (SHOW, ACKJOB, DELJOB, a SETACK from another node), by its queue in FIFO order (the
-refill), and by its expiry (TTL). Segment files read back in order serve the second only; an
-ID index and an expiry index over millions of jobs, kept within a memory budget and
-consistent on a failed write, is what SQLite's B-trees already are. The file lives in the
-page cache (no fsync, no memory map: its pages are not the node's RSS); SQLite's own cache is
-capped (`CACHE_KIB`).
+Jobs go to disk in segments ("chunks"): up to CHUNK jobs of one queue (or of no queue: active
+jobs) written together, in ctime order, as one row: their data concatenated, the length of
+each, and per job its ID, listed nodes and whether it may be copied (`meta`, for the walks
+of re-replication and repair). A segment comes back whole: the oldest of a queue when the
+queue's head is needed (`take_oldest`), or when its earliest wake time (an expiry, an
+active job's requeue) is due (`take_due`). One job can come back alone, by ID (`take`): an
+index `ids` maps a 64-bit hash of each job ID to its segment and its place in it (read with
+SQLite's incremental blob I/O: only that job's bytes), and the place is marked `taken` so
+the segment does not bring it back twice.
+
+Why segments: one row and two small index entries per segment instead of a row and three
+index entries per job. The cost that stays per job is the `ids` entry, a B-tree insert at a
+random place; it is not deleted when the segment comes back whole (an entry whose segment is
+gone is stale: a lookup finds no segment and removes it), and the stale entries are swept
+in the background (`sweep`, one slice of the hash space at a time) once they outnumber the
+live ones, and all at once whenever the store is empty.
+
+Why SQLite rather than hand-written segment files: a job on disk must be found by ID, by
+queue order and by wake time, within a memory budget, consistently after a failed write:
+that is what SQLite's B-trees and rollback journal are. The file lives in the page cache (no
+fsync, no memory map: its pages are not the node's RSS); SQLite's own cache is capped
+(`CACHE_KIB`).
 
 What the file is: a cache of memory, never the source of truth. It is deleted when the store
 opens (at start, and when overflow is turned on): without AOF a restarted node starts empty
@@ -19,11 +34,8 @@ A full disk or the size cap (`max_bytes`, SQLite's max_page_count) makes a write
 SQLITE_FULL: the batch is rolled back (the rollback journal is kept in memory) and
 `OverflowFull` is raised; nothing in the file changes.
 
-Rows: id, queue (empty for a job not queued here: never part of a queue's order), ctime (the
-queue order), wake (ms: when the job's timer wants it back: its expiry, or for an active job
-its requeue), nodes (the IDs of the nodes listed for the job, concatenated) and copyable (1 if
-re-replication and repair may copy it), for the walks that look for the jobs listing a node
-without reading every job (`scan_listing`), data (the job, disque.overflow.record).
+Two job IDs with the same 64-bit hash (about one chance in 10^7 among 5 million jobs): the
+later one's entry replaces the other's, which is then found only when its segment comes back.
 """
 
 from __future__ import annotations
@@ -31,21 +43,34 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
-from collections.abc import Collection, Iterable
+from array import array
+from collections.abc import Collection
+
+import msgpack
 
 CACHE_KIB = 8192  # SQLite's page cache, KiB
+CHUNK = 512  # jobs per segment at most
+SWEEP_SLICES = 1024  # a sweep of stale ID entries covers 1/SWEEP_SLICES of the hash space
 
 _SCHEMA = (
-    "CREATE TABLE jobs (id BLOB NOT NULL, queue BLOB NOT NULL, ctime INTEGER NOT NULL,"
-    " wake INTEGER NOT NULL, nodes BLOB NOT NULL, copyable INTEGER NOT NULL,"
-    " data BLOB NOT NULL)",
-    "CREATE UNIQUE INDEX jobs_id ON jobs (id)",
-    "CREATE INDEX jobs_queue ON jobs (queue, ctime)",
-    "CREATE INDEX jobs_wake ON jobs (wake)",
+    "CREATE TABLE chunks (id INTEGER PRIMARY KEY AUTOINCREMENT, queue BLOB NOT NULL,"
+    " first INTEGER NOT NULL, wake INTEGER NOT NULL, count INTEGER NOT NULL,"
+    " lens BLOB NOT NULL, meta BLOB NOT NULL, data BLOB NOT NULL)",
+    "CREATE INDEX chunks_queue ON chunks (queue, first)",
+    "CREATE INDEX chunks_wake ON chunks (wake)",
+    "CREATE TABLE ids (h INTEGER PRIMARY KEY, chunk INTEGER NOT NULL, pos INTEGER NOT NULL,"
+    " off INTEGER NOT NULL, len INTEGER NOT NULL)",
+    "CREATE TABLE taken (chunk INTEGER NOT NULL, pos INTEGER NOT NULL)",
+    "CREATE INDEX taken_chunk ON taken (chunk)",
 )
 
-# id, queue, ctime, wake, nodes, copyable, data
+# id, queue (empty: a job not queued here), ctime (the queue order), wake (ms: when the job's
+# timer wants it back), nodes (the listed nodes' IDs, concatenated), copyable (1: re-
+# replication and repair may copy it), data (the job, disque.overflow.record)
 Row = tuple[bytes, bytes, int, int, bytes, int, bytes]
+
+_packb = msgpack.packb
+_unpackb = msgpack.unpackb
 
 
 class OverflowFull(Exception):
@@ -67,10 +92,13 @@ class OverflowStore:
             self.db.execute(statement)
         self.page_size: int = self.db.execute("PRAGMA page_size").fetchone()[0]
         self.set_max_bytes(max_bytes)
-        self.jobs = 0  # rows now
+        self.jobs = 0  # jobs here now
         self.bytes = 0  # their data bytes
         self.written = 0  # jobs written since start
         self.read = 0  # jobs read back since start
+        self.chunks = 0  # segments here now
+        self.stale = 0  # ID entries whose segment is gone (about)
+        self._sweep = 0  # the next slice of the hash space to sweep
 
     def set_max_bytes(self, max_bytes: int) -> None:
         """0: no cap (SQLite's own maximum)."""
@@ -88,12 +116,40 @@ class OverflowStore:
 
     # ------------------------------------------------------------------ writes
     def put(self, rows: list[Row]) -> None:
-        """Add jobs in one transaction; OverflowFull (and nothing added) when it does not
-        fit."""
+        """Add jobs in one transaction, as segments of one queue each; OverflowFull (and
+        nothing added) when they do not fit."""
+        by_queue: dict[bytes, list[Row]] = {}
+        for r in rows:
+            by_queue.setdefault(r[1], []).append(r)
         db = self.db
+        added = chunks = 0
+        size = 0
         try:
             db.execute("BEGIN")
-            db.executemany("INSERT INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+            for queue, group in by_queue.items():
+                group.sort(key=_ctime_of)
+                for start in range(0, len(group), CHUNK):
+                    part = group[start:start + CHUNK]
+                    lens = array("I", [len(r[6]) for r in part])
+                    data = b"".join(r[6] for r in part)
+                    meta = _packb([(r[0], r[4], r[5]) for r in part])
+                    cur = db.execute(
+                        "INSERT INTO chunks (queue, first, wake, count, lens, meta, data)"
+                        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        (queue, part[0][2], min(r[3] for r in part), len(part),
+                         lens.tobytes(), meta, data))
+                    chunk = cur.lastrowid
+                    entries = []
+                    off = 0
+                    for pos, r in enumerate(part):
+                        n = lens[pos]
+                        entries.append((hash(r[0]), chunk, pos, off, n))
+                        off += n
+                    db.executemany("INSERT OR REPLACE INTO ids VALUES (?, ?, ?, ?, ?)",
+                                   entries)
+                    added += len(part)
+                    size += len(data)
+                    chunks += 1
             db.execute("COMMIT")
         except sqlite3.Error as exc:
             with contextlib.suppress(sqlite3.Error):
@@ -101,95 +157,203 @@ class OverflowStore:
             if _is_full(exc):
                 raise OverflowFull(str(exc)) from exc
             raise
-        self.jobs += len(rows)
-        self.bytes += sum(len(r[6]) for r in rows)
-        self.written += len(rows)
+        self.jobs += added
+        self.bytes += size
+        self.written += added
+        self.chunks += chunks
 
-    def _take(self, found: list[tuple[int, bytes]]) -> list[bytes]:
-        """Delete the rows found (rowid, data); their data."""
+    def _load(self, found: list[tuple[int, int, bytes, bytes]]) -> list[bytes]:
+        """Delete the segments found (id, count, lens, data); the data of their jobs not
+        taken already."""
         if not found:
             return []
         db = self.db
+        out: list[bytes] = []
+        size = 0
+        stale = 0
         db.execute("BEGIN")
         try:
-            db.executemany("DELETE FROM jobs WHERE rowid = ?", [(r[0],) for r in found])
+            for row in found:
+                jobs = self._split(row)
+                out += jobs
+                size += sum(len(d) for d in jobs)
+                stale += len(jobs)
+                db.execute("DELETE FROM taken WHERE chunk = ?", (row[0],))
+                db.execute("DELETE FROM chunks WHERE id = ?", (row[0],))
             db.execute("COMMIT")
         except sqlite3.Error:
             with contextlib.suppress(sqlite3.Error):
                 db.execute("ROLLBACK")
             raise
-        data = [r[1] for r in found]
-        self.jobs -= len(data)
-        self.bytes -= sum(len(d) for d in data)
-        self.read += len(data)
-        return data
+        self.jobs -= len(out)
+        self.bytes -= size
+        self.read += len(out)
+        self.chunks -= len(found)
+        self.stale += stale
+        self._emptied()
+        return out
+
+    def _emptied(self) -> None:
+        if not self.jobs and not self.chunks and self.stale:
+            self.db.execute("DELETE FROM ids")  # every entry is stale: at once
+            self.db.execute("DELETE FROM taken")
+            self.stale = 0
 
     def take(self, job_id: bytes) -> bytes | None:
         """Remove one job by ID; its data, or None when it is not here."""
-        found = self.db.execute("SELECT rowid, data FROM jobs WHERE id = ?",
-                                (job_id,)).fetchall()
-        taken = self._take(found)
-        return taken[0] if taken else None
+        db = self.db
+        h = hash(job_id)
+        row = db.execute("SELECT chunk, pos, off, len FROM ids WHERE h = ?", (h,)).fetchone()
+        if row is None:
+            return None
+        chunk, pos, off, n = row
+        try:
+            with db.blobopen("chunks", "data", chunk, readonly=True) as blob:
+                blob.seek(off)
+                data = blob.read(n)
+        except sqlite3.OperationalError:  # the segment is gone: a stale entry
+            db.execute("DELETE FROM ids WHERE h = ?", (h,))
+            self.stale = max(0, self.stale - 1)
+            return None
+        # (the record's first field is the job ID: a hash shared with another job's)
+        if _unpackb(data, use_list=False)[0] != job_id:
+            return None
+        db.execute("BEGIN")
+        db.execute("DELETE FROM ids WHERE h = ?", (h,))
+        count = db.execute("SELECT count FROM chunks WHERE id = ?", (chunk,)).fetchone()[0]
+        gone = db.execute("SELECT count(*) FROM taken WHERE chunk = ?", (chunk,)).fetchone()[0]
+        if gone + 1 >= count:  # its last job: the segment goes
+            db.execute("DELETE FROM taken WHERE chunk = ?", (chunk,))
+            db.execute("DELETE FROM chunks WHERE id = ?", (chunk,))
+            self.chunks -= 1
+        else:
+            db.execute("INSERT INTO taken VALUES (?, ?)", (chunk, pos))
+        db.execute("COMMIT")
+        self.jobs -= 1
+        self.bytes -= n
+        self.read += 1
+        self._emptied()
+        return data
 
     def take_oldest(self, queue: bytes, n: int) -> tuple[list[bytes], int]:
-        """Remove the n oldest jobs of a queue (ctime order); their data, and the ctime of
-        the queue's oldest job left here (0: none)."""
-        found = self.db.execute(
-            "SELECT rowid, data, ctime FROM jobs WHERE queue = ? ORDER BY ctime LIMIT ?",
-            (queue, n + 1)).fetchall()
-        next_ctime = found[n][2] if len(found) > n else 0
-        return self._take([(r[0], r[1]) for r in found[:n]]), next_ctime
+        """Remove the oldest segments of a queue, at least n jobs if it has as many; their
+        data, and the first ctime of the queue's next segment (0: none)."""
+        found: list[tuple[int, int, bytes, bytes]] = []
+        jobs = 0
+        nxt = 0
+        for row in self.db.execute("SELECT id, count, lens, data, first FROM chunks"
+                                   " WHERE queue = ? ORDER BY first", (queue,)):
+            if jobs >= n:
+                nxt = int(row[4])
+                break
+            found.append((row[0], row[1], row[2], row[3]))
+            jobs += row[1]
+        return self._load(found), nxt
 
     def take_due(self, now_ms: int, n: int) -> list[bytes]:
-        """Remove up to n jobs whose wake time is at or before now."""
-        found = self.db.execute("SELECT rowid, data FROM jobs WHERE wake <= ? LIMIT ?",
-                                (now_ms, n)).fetchall()
-        return self._take(found)
+        """Remove the segments holding a job whose wake time is at or before now (about n
+        jobs at most: whole segments)."""
+        found: list[tuple[int, int, bytes, bytes]] = []
+        jobs = 0
+        for row in self.db.execute("SELECT id, count, lens, data FROM chunks WHERE wake <= ?"
+                                   " ORDER BY wake", (now_ms,)):
+            found.append((row[0], row[1], row[2], row[3]))
+            jobs += row[1]
+            if jobs >= n:
+                break
+        return self._load(found)
 
     def drop_all(self) -> None:
-        self.db.execute("DELETE FROM jobs")
-        self.jobs = self.bytes = 0
+        for table in ("chunks", "ids", "taken"):
+            self.db.execute(f"DELETE FROM {table}")
+        self.jobs = self.bytes = self.chunks = self.stale = 0
+
+    def sweep(self) -> None:
+        """Remove the stale ID entries of one slice of the hash space, while they outnumber
+        the live ones (a long backlog that never empties)."""
+        if self.stale <= self.jobs + 10_000:
+            return
+        width = (1 << 64) // SWEEP_SLICES
+        lo = -(1 << 63) + self._sweep * width
+        self._sweep = (self._sweep + 1) % SWEEP_SLICES
+        cur = self.db.execute("DELETE FROM ids WHERE h >= ? AND h < ? AND chunk NOT IN"
+                              " (SELECT id FROM chunks)", (lo, lo + width))
+        self.stale = max(0, self.stale - max(cur.rowcount, 0))
+        if self._sweep == 0:
+            self.stale = 0  # (a whole pass: none left, whatever the count said)
 
     # ------------------------------------------------------------------ reads
-    def has(self, job_id: bytes) -> bool:
-        return self.db.execute("SELECT 1 FROM jobs WHERE id = ?", (job_id,)).fetchone() \
-            is not None
+    def _split(self, row: tuple[int, int, bytes, bytes]) -> list[bytes]:
+        """The data of the jobs of a segment (id, count, lens, data) not taken already."""
+        chunk, count, lens_raw, data = row
+        taken = {r[0] for r in self.db.execute("SELECT pos FROM taken WHERE chunk = ?",
+                                               (chunk,))}
+        lens = array("I")
+        lens.frombytes(lens_raw)
+        out: list[bytes] = []
+        off = 0
+        for pos in range(count):
+            n = lens[pos]
+            if pos not in taken:
+                out.append(data[off:off + n])
+            off += n
+        return out
+
+    def _jobs_of(self, rows: list[tuple[int, int, bytes, bytes]]) -> list[bytes]:
+        """The data of the jobs of segments not taken, left in place."""
+        return [d for row in rows for d in self._split(row)]
 
     def peek(self, queue: bytes, n: int, newest: bool = False) -> list[bytes]:
-        """The n oldest (or newest) jobs of a queue, left in place."""
+        """At least the n oldest (or newest) jobs of a queue if it has as many, left in
+        place (whole segments: the caller sorts and cuts)."""
         order = "DESC" if newest else "ASC"
-        rows = self.db.execute(
-            f"SELECT data FROM jobs WHERE queue = ? ORDER BY ctime {order} LIMIT ?",
-            (queue, n)).fetchall()
-        return [r[0] for r in rows]
+        rows: list[tuple[int, int, bytes, bytes]] = []
+        jobs = 0
+        for row in self.db.execute(f"SELECT id, count, lens, data FROM chunks WHERE queue = ?"
+                                   f" ORDER BY first {order}", (queue,)):
+            rows.append((row[0], row[1], row[2], row[3]))
+            jobs += row[1]
+            if jobs >= n:
+                break
+        return self._jobs_of(rows)
 
-    def first_ctime(self, queue: bytes) -> int:
-        row = self.db.execute("SELECT min(ctime) FROM jobs WHERE queue = ?",
-                              (queue,)).fetchone()
-        return int(row[0]) if row and row[0] is not None else 0
-
-    def scan(self, after: int, n: int) -> list[tuple[int, bytes]]:
-        """Up to n rows (rowid, data) past rowid `after`, in rowid order: a resumable walk
-        (JSCAN, the AOF rewrite)."""
-        rows = self.db.execute("SELECT rowid, data FROM jobs WHERE rowid > ? ORDER BY rowid"
-                               " LIMIT ?", (after, n)).fetchall()
-        return [(int(r[0]), r[1]) for r in rows]
+    def scan(self, after: int, n: int) -> tuple[int, list[bytes]]:
+        """The jobs of the segments past segment `after` (at least n if there are as
+        many), and the segment to go on after (0: the end): a resumable walk (JSCAN, the
+        AOF rewrite)."""
+        rows: list[tuple[int, int, bytes, bytes]] = []
+        jobs = 0
+        nxt = 0
+        for row in self.db.execute("SELECT id, count, lens, data FROM chunks WHERE id > ?"
+                                   " ORDER BY id", (after,)):
+            if jobs >= n:
+                nxt = rows[-1][0]
+                break
+            rows.append((row[0], row[1], row[2], row[3]))
+            jobs += row[1]
+        return nxt, self._jobs_of(rows)
 
     def scan_listing(self, after: int, n: int,
                      nodes: Collection[bytes]) -> tuple[int, list[bytes]]:
-        """Walk up to n rows past rowid `after`: the IDs of the copyable jobs that list
-        any of `nodes`, and the rowid to go on after (0: the end)."""
-        listing = " OR ".join(["instr(nodes, ?) > 0"] * len(nodes)) or "0"
-        rows = self.db.execute(
-            f"SELECT rowid, CASE WHEN copyable AND ({listing}) THEN id END FROM jobs"
-            " WHERE rowid > ? ORDER BY rowid LIMIT ?", (*nodes, after, n)).fetchall()
-        nxt = int(rows[-1][0]) if len(rows) >= n else 0
-        return nxt, [r[1] for r in rows if r[1] is not None]
+        """Walk the segments past segment `after` (about n jobs): the IDs of the copyable
+        jobs that list any of `nodes`, and the segment to go on after (0: the end)."""
+        ids: list[bytes] = []
+        jobs = 0
+        last = after
+        for chunk, count, meta in self.db.execute(
+                "SELECT id, count, meta FROM chunks WHERE id > ? ORDER BY id", (after,)):
+            if jobs >= n:
+                return last, ids
+            for job_id, listed, copyable in _unpackb(meta, use_list=False):
+                if copyable and any(node in listed for node in nodes):
+                    ids.append(job_id)
+            jobs += count
+            last = chunk
+        return 0, ids
 
-    def queues(self) -> Iterable[tuple[bytes, int]]:
-        """(queue, jobs here) for every queue with jobs here."""
-        return [(r[0], int(r[1])) for r in
-                self.db.execute("SELECT queue, count(*) FROM jobs GROUP BY queue")]
+
+def _ctime_of(row: Row) -> int:
+    return row[2]
 
 
 def _is_full(exc: sqlite3.Error) -> bool:

@@ -467,7 +467,7 @@ def check_queues(node: Node, idx: int, ids: set[bytes], names: set[bytes]) -> No
         for job in q.jobs:
             assert job.state == QUEUED, f"node{idx}: {job!r} in queue {q.name!r}"
             assert job.queue == q.name, f"node{idx}: {job!r} in the wrong queue {q.name!r}"
-            assert node.jobs.get(job.id) is job, f"node{idx}: queued {job!r} unregistered"
+            assert node.jobs.get(job.id) is job, f"node{idx}: queued {job!r} unregistered (registry: {node.jobs.get(job.id)!r})"
             assert job.id not in in_queues, f"node{idx}: {job!r} queued twice"
             in_queues.add(job.id)
     lookup = node.jobs.get  # (not lookup_job: that brings jobs back from disk)

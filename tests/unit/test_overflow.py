@@ -61,25 +61,48 @@ def test_the_record_keeps_every_field() -> None:
 def test_the_store_takes_by_id_by_queue_order_and_by_wake_time(tmp_path: Path) -> None:
     store = OverflowStore(str(tmp_path / "s.db"))
     rows = [(b"id%d" % i, b"q" if i % 2 else b"r", 1000 - i, 500 + i,
-             b"A" * 40 + (b"B" * 40 if i % 3 == 0 else b""), i % 5 != 4, b"d%d" % i)
-            for i in range(10)]
+             b"A" * 40 + (b"B" * 40 if i % 3 == 0 else b""), int(i % 5 != 4),
+             pack_job(_job(b"id%d" % i))) for i in range(10)]
     store.put(rows)
     assert store.jobs == 10 and store.bytes == sum(len(r[6]) for r in rows)
-    # the walks: copyable jobs listing a node, in row order, a bounded number of rows
-    assert store.scan_listing(0, 100, [b"B" * 40]) == (0, [b"id0", b"id3", b"id6"])
-    assert store.scan_listing(0, 5, [b"A" * 40, b"C" * 40]) == (5, [b"id%d" % i
-                                                                     for i in range(4)])
-    assert store.scan_listing(5, 5, [b"A" * 40]) == (10, [b"id5", b"id6", b"id7", b"id8"])
-    assert store.scan_listing(10, 5, [b"A" * 40]) == (0, [])
-    assert store.take(b"id3") == b"d3" and store.take(b"id3") is None
-    # queue q holds ids 1,5,7,9 now (3 is gone); oldest = highest i
+    assert store.chunks == 2  # one segment per queue
+    # by ID: that job's bytes only, once
+    assert store.take(b"id3") == rows[3][6] and store.take(b"id3") is None
+    assert store.take(b"nope") is None
+    # the walks: copyable jobs listing a node, segment after segment (id3, back in memory,
+    # may still be named: the walk looks it up there)
+    assert sorted(store.scan_listing(0, 100, [b"B" * 40])[1]) == [b"id0", b"id3", b"id6"]
+    assert store.scan_listing(0, 1, [b"A" * 40])[0] == 1  # one segment, then go on
+    # queue order: a whole segment, oldest first (q: ids 9,7,5,1 by ctime; 3 was taken)
     got, nxt = store.take_oldest(b"q", 2)
-    assert got == [b"d9", b"d7"] and nxt == 1000 - 5
-    assert store.peek(b"q", 5) == [b"d5", b"d1"] and store.peek(b"q", 1, newest=True) == [b"d1"]
-    assert sorted(store.take_due(502, 100)) == [b"d0", b"d1", b"d2"]
-    assert store.jobs == 4 and store.read == 6
+    assert got == [rows[i][6] for i in (9, 7, 5, 1)] and nxt == 0
+    assert store.take(b"id7") is None  # (its segment came back: the entry is stale)
+    assert store.peek(b"r", 5) == [rows[i][6] for i in (8, 6, 4, 2, 0)]
+    # wake times: the segment holding a due job comes back whole
+    assert store.take_due(499, 100) == [] and len(store.take_due(500, 100)) == 5
+    assert store.jobs == 0 and store.read == 10 and store.chunks == 0
     store.close()
     assert not (tmp_path / "s.db").exists()
+
+
+def test_a_job_taken_by_id_does_not_come_back_with_its_segment(tmp_path: Path) -> None:
+    store = OverflowStore(str(tmp_path / "s.db"))
+    rows = [(b"j%d" % i, b"q", i, 10**9, b"", 1, pack_job(_job(b"j%d" % i)))
+            for i in range(1200)]  # three segments
+    store.put(rows)
+    assert store.chunks == 3
+    assert store.take(b"j5") == rows[5][6]
+    nxt, first = store.scan(0, 10)
+    assert nxt == 1 and len(first) == 511  # the first segment but j5
+    _, rest = store.scan(nxt, 10_000)
+    assert len(rest) == 688
+    back = store.take_oldest(b"q", 600)[0]
+    assert len(back) == 1023 and rows[5][6] not in back
+    assert store.jobs == 176
+
+
+def _job(job_id: bytes) -> Job:
+    return Job(job_id, b"q", b"body", 1, 1, 2, 0, 1, ())
 
 
 def test_a_full_store_refuses_the_whole_batch(tmp_path: Path) -> None:
@@ -88,6 +111,7 @@ def test_a_full_store_refuses_the_whole_batch(tmp_path: Path) -> None:
     with pytest.raises(OverflowFull):
         store.put(big)
     assert store.jobs == 0 and store.take_oldest(b"q", 10) == ([], 0)
+    assert store.take(b"id1") is None
     store.put(big[:10])  # what fits still goes in
     assert store.jobs == 10
 
@@ -96,8 +120,9 @@ def test_the_store_file_is_deleted_when_it_opens(tmp_path: Path) -> None:
     path = tmp_path / "s.db"
     path.write_bytes(b"a torn file from a killed node")
     store = OverflowStore(str(path))
-    store.put([(b"a", b"q", 1, 1, b"", 1, b"d")])
-    assert store.take(b"a") == b"d"
+    data = pack_job(_job(b"a"))
+    store.put([(b"a", b"q", 1, 1, b"", 1, data)])
+    assert store.take(b"a") == data
 
 
 def test_queue_order_holds_across_the_boundary(tmp_path: Path) -> None:
