@@ -337,7 +337,8 @@ class Rereplication:
         inflight = self.inflight
         holders = self._holders()
         done: list[tuple[bytes, bytes]] = []
-        for key in self.rechecks:
+        # (a snapshot: a job brought back from disk here adds rechecks, see came_back)
+        for key in list(self.rechecks):
             if budget <= 0:
                 break
             target, job_id = key

@@ -346,3 +346,45 @@ def test_a_node_first_heard_late_opens_the_recheck_window_without_slack() -> Non
     for rec in (old, fresh):
         r.node.on_message(B, ReplJob(Header(B, b"", 7711, 17711, 0), rec, False))
     assert list(r.node.rereplication.rechecks) == [(A, old.id)]
+
+
+# ---------------------------------------------------------------------------- overflow
+def on_disk_rig(tmp_path, n: int = 40) -> tuple[Rig, list[bytes]]:  # type: ignore[no-untyped-def]
+    """A rig whose node holds n copies, all on disk (issue 22's overflow)."""
+    r = Rig()
+    jids = [r.copy() for _ in range(n)]
+    node = r.node
+    node.maxmemory = 2 * node.mem_used  # (the threshold is half of it: under the jobs)
+    node.overflow.keep = 0
+    node.overflow.enable(str(tmp_path / "jobs.db"), 25, 0)
+    node.overflow.spill(r.now)
+    assert node.on_disk == n and all(node.jobs.get(j) is None for j in jids)
+    return r, jids
+
+
+def test_a_restarted_holder_gets_its_copies_on_disk_again(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    r, jids = on_disk_rig(tmp_path)
+    r.ping_from(A, 1)
+    r.cron()
+    r.ping_from(A, 2)
+    sent: set[bytes] = set()
+    for _ in range(20):
+        sent |= {j for to, j in repljobs(r.cron()) if to == A}
+    assert sent == set(jids)
+
+
+def test_a_recheck_that_brings_jobs_back_from_disk_does_not_break_the_tick(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # (the simulation with overflow on: a job brought back by a recheck queued more
+    # rechecks while they were being walked, RuntimeError in the cluster cron)
+    r, jids = on_disk_rig(tmp_path)
+    rr = r.node.rereplication
+    r.ping_from(A, 1)
+    r.cron()
+    rr.cursors[A] = r.node.jobs.shard_count()  # walks for A and B past the registry
+    rr.cursors[B] = r.node.jobs.shard_count()
+    rr.recent[A] = (r.now, r.now * 1_000_000 + 10**15)
+    for j in jids:
+        rr.rechecks[(A, j)] = None
+    rr._recheck(r.now, 1000)
+    assert all(r.node.jobs.get(j) is not None for j in jids)
+    assert set(rr.rechecks) == {(B, j) for j in jids}  # B's, for its walk
