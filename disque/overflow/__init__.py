@@ -58,7 +58,7 @@ log = structlog.get_logger("disque.overflow")
 SPILL_PERIOD = 10  # ms between spills while overflowing
 IDLE_PERIOD = 100  # ms between looks while nothing is on disk nor needs to go there
 KEEP = 512  # a queue's oldest jobs in memory, never spilled
-SPILL_BATCH = 4096  # jobs one queue spills at a time (one transaction)
+SPILL_BATCH = 2048  # jobs one queue spills at a time (one transaction)
 MIN_BATCH = 16  # a refused batch is tried again smaller, down to this
 REFILL = 512  # jobs brought back to a queue's head at a time
 EXPIRE_BATCH = 1000  # expired jobs brought back per look
@@ -145,10 +145,11 @@ class Overflow:
 
     # ------------------------------------------------------------------ to disk
     def spill(self, now: int) -> int:
-        """Move the newest queued jobs of the biggest queues to disk until memory is 1/16
-        under the threshold; the number moved."""
+        """Move the newest queued jobs of the biggest queues to disk until memory is 1/64
+        under the threshold (a little at a time: each transaction holds up the loop); the
+        number moved."""
         state = self.state
-        target = state.spill_at - state.spill_at // 16
+        target = state.spill_at - state.spill_at // 64
         queues = state.queues
         n = queues.shard_count()
         candidates: list[Queue] = []
