@@ -15,7 +15,7 @@ index entries per job. The cost that stays per job is the `ids` entry, a B-tree 
 random place; it is not deleted when the segment comes back whole (an entry whose segment is
 gone is stale: a lookup finds no segment and removes it), and the stale entries are swept
 in the background (`sweep`, one slice of the hash space at a time) once they outnumber the
-live ones, and all at once whenever the store is empty.
+live ones, and all at once whenever the store is empty (a new file, see `_reset`).
 
 Why SQLite rather than hand-written segment files: a job on disk must be found by ID, by
 queue order and by wake time, within a memory budget, consistently after a failed write:
@@ -82,16 +82,8 @@ class OverflowStore:
 
     def __init__(self, path: str, max_bytes: int = 0) -> None:
         self.path = path
-        _remove(path)
-        self.db = sqlite3.connect(path, isolation_level=None)
-        self.db.execute("PRAGMA journal_mode=MEMORY")
-        self.db.execute("PRAGMA synchronous=OFF")
-        self.db.execute("PRAGMA temp_store=MEMORY")
-        self.db.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
-        for statement in _SCHEMA:
-            self.db.execute(statement)
-        self.page_size: int = self.db.execute("PRAGMA page_size").fetchone()[0]
-        self.set_max_bytes(max_bytes)
+        self.max_bytes = max_bytes
+        self.db = self._open(0)
         self.jobs = 0  # jobs here now
         self.bytes = 0  # their data bytes
         self.written = 0  # jobs written since start
@@ -100,8 +92,38 @@ class OverflowStore:
         self.stale = 0  # ID entries whose segment is gone (about)
         self._sweep = 0  # the next slice of the hash space to sweep
 
+    def _open(self, last_chunk: int) -> sqlite3.Connection:
+        """A new, empty file at `path` (whatever was there is deleted); segment IDs go on
+        after `last_chunk`, so the cursor of a walk under way never names a new one."""
+        _remove(self.path)
+        db = sqlite3.connect(self.path, isolation_level=None)
+        db.execute("PRAGMA journal_mode=MEMORY")
+        db.execute("PRAGMA synchronous=OFF")
+        db.execute("PRAGMA temp_store=MEMORY")
+        db.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
+        for statement in _SCHEMA:
+            db.execute(statement)
+        if last_chunk:
+            db.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('chunks', ?)",
+                       (last_chunk,))
+        self.page_size: int = db.execute("PRAGMA page_size").fetchone()[0]
+        self.db = db
+        self.set_max_bytes(self.max_bytes)
+        return db
+
+    def _reset(self) -> None:
+        """Empty the store by starting a new file: deleting millions of stale ID entries
+        in a transaction would hold their pages in the in-memory journal (100+ MB at 5
+        million) and keep the file at its largest."""
+        row = self.db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'chunks'").fetchone()
+        with contextlib.suppress(sqlite3.Error):
+            self.db.close()
+        self._open(int(row[0]) if row else 0)
+        self.jobs = self.bytes = self.chunks = self.stale = 0
+
     def set_max_bytes(self, max_bytes: int) -> None:
         """0: no cap (SQLite's own maximum)."""
+        self.max_bytes = max_bytes
         pages = max_bytes // self.page_size if max_bytes else 0xFFFFFFFE
         self.db.execute(f"PRAGMA max_page_count={max(pages, 16)}")
 
@@ -195,9 +217,7 @@ class OverflowStore:
 
     def _emptied(self) -> None:
         if not self.jobs and not self.chunks and self.stale:
-            self.db.execute("DELETE FROM ids")  # every entry is stale: at once
-            self.db.execute("DELETE FROM taken")
-            self.stale = 0
+            self._reset()  # every ID entry is stale: all at once
 
     def take(self, job_id: bytes) -> bytes | None:
         """Remove one job by ID; its data, or None when it is not here."""
@@ -264,9 +284,7 @@ class OverflowStore:
         return self._load(found)
 
     def drop_all(self) -> None:
-        for table in ("chunks", "ids", "taken"):
-            self.db.execute(f"DELETE FROM {table}")
-        self.jobs = self.bytes = self.chunks = self.stale = 0
+        self._reset()
 
     def sweep(self) -> None:
         """Remove the stale ID entries of one slice of the hash space, while they outnumber
