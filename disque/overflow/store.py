@@ -74,7 +74,7 @@ _unpackb = msgpack.unpackb
 
 
 class OverflowFull(Exception):
-    """The disk is full or the size cap is reached: the write did not happen."""
+    """The disk is full, the size cap is reached, or the write failed: it did not happen."""
 
 
 class OverflowStore:
@@ -174,11 +174,11 @@ class OverflowStore:
                     chunks += 1
             db.execute("COMMIT")
         except sqlite3.Error as exc:
+            # a full disk (SQLITE_FULL), a file-size limit or an I/O error (SQLITE_IOERR):
+            # the same for the caller, nothing was added
             with contextlib.suppress(sqlite3.Error):
                 db.execute("ROLLBACK")
-            if _is_full(exc):
-                raise OverflowFull(str(exc)) from exc
-            raise
+            raise OverflowFull(str(exc)) from exc
         self.jobs += added
         self.bytes += size
         self.written += added
@@ -372,13 +372,6 @@ class OverflowStore:
 
 def _ctime_of(row: Row) -> int:
     return row[2]
-
-
-def _is_full(exc: sqlite3.Error) -> bool:
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is not None:
-        return int(code) & 0xFF == sqlite3.SQLITE_FULL
-    return "full" in str(exc)
 
 
 def _remove(path: str) -> None:

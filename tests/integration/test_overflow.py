@@ -9,6 +9,7 @@ from pathlib import Path
 
 from tests.harness import DisqueProcess, wait_for
 from tests.integration.resp import Conn, Err, Status, info, qstat, show
+from tests.smalldisk import SmallDisk
 
 OOM = "OOM command not allowed when used memory > 'maxmemory'."
 BODY = "x" * 1000
@@ -191,3 +192,30 @@ def test_config_set_turns_overflow_on_and_off(make_server) -> None:  # type: ign
         wait_for(lambda: info(c, "jobs")["overflow_status"] == "off", what="store closed")
         bad = c.cmd("CONFIG", "SET", "overflow-threshold", "95")
         assert isinstance(bad, Err)
+
+
+def test_a_full_disk_stops_overflow_without_a_crash_and_loses_nothing(
+        small_disk: SmallDisk, make_server) -> None:  # type: ignore[no-untyped-def]
+    # the overflow file on a small filesystem (tests/smalldisk.py: tmpfs, a loop-mounted
+    # image, or a file-size limit): ENOSPC / EFBIG make the node stop overflowing and answer
+    # -OOM once memory is full, as without overflow; it goes on once jobs are drained
+    node = make_server(args=[*ARGS, "--overflow-dir", str(small_disk.path)])
+    assert node.proc is not None
+    small_disk.attach(node.proc.pid)
+    small_disk.fill(leave=400_000)
+    with Conn(node.port) as c:
+        added = 0
+        refused = None
+        for i in range(20_000):
+            reply = c.cmd("ADDJOB", "eq", "%06d" % i + BODY, 0)
+            if isinstance(reply, Err):
+                refused = reply
+                break
+            added += 1
+        assert refused is not None and str(refused) == OOM, refused
+        assert node.alive() and info(c, "jobs")["overflow_status"] == "full"
+        assert 0 < on_disk(c) < added
+        assert consume(c, "eq") == list(range(added))
+        small_disk.free()
+        wait_for(lambda: isinstance(c.cmd("ADDJOB", "eq", "again", 0), Status),
+                 what="accepted again")
