@@ -10,6 +10,10 @@ give the bytes on disk per job. Then the backlog is drained, one consumer per qu
 NOHANG COUNT 64 then ACKJOB of what it got): every job must come back once, in its queue's
 order (`order_errors`, `missing`, `duplicates` are 0 when it does).
 
+Then (`scenario_overflow_cluster`) three nodes with overflow on: REPLICATE 3 from node 0,
+whose copies on the two others overflow too, node 2 killed -9 halfway and started again; every
+acknowledged job must come out of the cluster.
+
 The reference, in the same run: a fresh node without overflow and with room for everything
 gets `base_jobs` jobs the same way (default 1,000,000; --quick 200,000), then drained the same
 way. The issue's targets, printed PASS / MISS: produce rate while overflowing >= 0.5x the
@@ -42,20 +46,25 @@ def _body(seq: int) -> bytes:
     return head + b"." * (BODY_LEN - len(head))
 
 
-def _produce(port: int, queue: str, n: int, result: Any) -> None:
-    """One producer process: n ADDJOBs, PIPELINE at a time; puts (ok, errors, seconds,
-    batch round trips in ns) on `result`."""
+def _produce(port: int, queue: str, n: int, result: Any, opts: tuple[bytes, ...] = (),
+             first: int = 0) -> None:
+    """One producer process: n ADDJOBs (sequence numbers from `first`, more ADDJOB options
+    `opts`), PIPELINE at a time; puts (ok, errors, seconds, batch round trips in ns, the
+    sequence numbers acknowledged) on `result`."""
     sock = socket.create_connection(("127.0.0.1", port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     reader = hiredis.Reader()
     ok = errors = 0
     lat: list[int] = []
     t0 = time.perf_counter()
-    seq = 0
+    acked: list[int] = []
+    seq = first
+    end = first + n
     q = queue.encode()
-    while seq < n:
-        k = min(PIPELINE, n - seq)
-        payload = b"".join(encode(b"ADDJOB", q, _body(seq + i), b"0") for i in range(k))
+    while seq < end:
+        k = min(PIPELINE, end - seq)
+        payload = b"".join(encode(b"ADDJOB", q, _body(seq + i), b"5000", *opts)
+                           for i in range(k))
         sent = time.perf_counter_ns()
         sock.sendall(payload)
         got = 0
@@ -67,14 +76,15 @@ def _produce(port: int, queue: str, n: int, result: Any) -> None:
                     raise ConnectionError("server closed the connection")
                 reader.feed(data)
                 continue
-            got += 1
             if isinstance(reply, hiredis.ReplyError):
                 errors += 1
             else:
                 ok += 1
+                acked.append(seq + got)
+            got += 1
         lat.append(time.perf_counter_ns() - sent)
         seq += k
-    result.put((ok, errors, time.perf_counter() - t0, lat))
+    result.put((ok, errors, time.perf_counter() - t0, lat, acked))
     sock.close()
 
 
@@ -206,6 +216,107 @@ def scenario_overflow(workdir: Path, cpus: set[int] | None, say: Callable[[str],
     out["disk_bytes_per_job"] = out["file_bytes"] / on_disk if on_disk else None
     out["memory_produce"].pop("info", None)
     return out
+
+
+def _drain_cluster(ports: list[int], queue: str, stall_s: float = 15.0) -> list[int]:
+    """GETJOB + ACKJOB on every node in turn until every node is empty for a while: the
+    sequence numbers delivered (duplicates included)."""
+    clients = [Client(p) for p in ports]
+    seqs: list[int] = []
+    idle_since = time.monotonic()
+    while time.monotonic() - idle_since < stall_s:
+        got_any = False
+        for c in clients:
+            jobs = c.call("GETJOB", "NOHANG", "COUNT", GET_COUNT, "FROM", queue)
+            if jobs:
+                got_any = True
+                seqs += [int(j[2][:12]) for j in jobs]
+                c.call("ACKJOB", *[j[1] for j in jobs])
+        if got_any:
+            idle_since = time.monotonic()
+        else:
+            time.sleep(0.1)
+    for c in clients:
+        c.close()
+    return seqs
+
+
+def scenario_overflow_cluster(workdir: Path, cpus: set[int] | None,
+                              say: Callable[[str], None], quick: bool,
+                              jobs: int | None = None) -> dict[str, Any]:
+    """3 nodes with overflow, REPLICATE 3 from node 0 (the copies on 1 and 2 overflow too);
+    node 2 is killed -9 halfway through the produce phase and started again 3 s later (no
+    AOF: it comes back empty, re-replication refills it); then every node is drained. Every
+    acknowledged job must be delivered (at least once: a requeue may deliver one twice)."""
+    from benchmarks.run import start_cluster
+
+    maxmemory = (32 if quick else 64) * 1024 * 1024
+    jobs = jobs or (200_000 if quick else 1_000_000)
+    servers = start_cluster(workdir, cpus, 3, extra=[
+        "--maxmemory", str(maxmemory), "--overflow", "yes"])
+    out: dict[str, Any] = {"maxmemory": maxmemory, "jobs": jobs}
+    try:
+        ctx = multiprocessing.get_context("fork")
+        result = ctx.Queue()
+        opts = (b"REPLICATE", b"3", b"RETRY", b"300")
+        half = jobs // 2
+        t0 = time.perf_counter()
+        first = [ctx.Process(target=_produce, args=(servers[0].port, "c", half, result, opts))]
+        first[0].start()
+        acked = []
+        r1 = result.get()
+        first[0].join()
+        say("overflow cluster: kill -9 of node 2")
+        victim = servers[2]
+        assert victim.proc is not None
+        victim.proc.kill()
+        victim.proc.wait()
+        down = ctx.Process(target=_produce, args=(servers[0].port, "c", jobs // 4, result,
+                                                  opts, half))
+        down.start()
+        r2 = result.get()
+        down.join()
+        victim.start()
+        say("overflow cluster: node 2 back")
+        last = ctx.Process(target=_produce, args=(servers[0].port, "c", jobs - half - jobs // 4,
+                                                  result, opts, half + jobs // 4))
+        last.start()
+        r3 = result.get()
+        last.join()
+        wall = time.perf_counter() - t0
+        acked = r1[4] + r2[4] + r3[4]
+        with Client(servers[0].port) as c:
+            out["info_node0"] = c.info("jobs")
+        with Client(servers[1].port) as c:
+            out["info_node1"] = c.info("jobs")
+        out["produce"] = {"acked": len(acked), "refused": r1[1] + r2[1] + r3[1],
+                          "refused_while_down": r2[1], "rate": len(acked) / wall}
+        t0 = time.perf_counter()
+        seqs = _drain_cluster([s.port for s in servers], "c")
+        delivered = set(seqs)
+        out["drain"] = {"delivered": len(delivered), "duplicates": len(seqs) - len(delivered),
+                        "lost": len(set(acked) - delivered),
+                        "rate": len(seqs) / (time.perf_counter() - t0)}
+    finally:
+        for srv in servers:
+            srv.stop()
+    return out
+
+
+def print_overflow_cluster(res: dict[str, Any], say: Callable[[str], None]) -> None:
+    p, d = res["produce"], res["drain"]
+    say("")
+    say(f"overflow, 3 nodes (issue 22): {res['jobs']:,} ADDJOB REPLICATE 3 to node 0, maxmemory "
+        f"{res['maxmemory'] >> 20} MB each, kill -9 of node 2 halfway")
+    say(f"  produce  {p['rate']:,.0f}/s  acknowledged {p['acked']:,}  refused {p['refused']:,} "
+        f"(while node 2 was down: {p['refused_while_down']:,}, NOREPL)")
+    for k in ("info_node0", "info_node1"):
+        i = res[k]
+        say(f"  {k[5:]}: jobs {int(i.get('registered_jobs', 0)):,}, on disk "
+            f"{int(i.get('overflow_jobs', 0)):,}")
+    say(f"  drain    {d['rate']:,.0f}/s  delivered {d['delivered']:,}  duplicates "
+        f"{d['duplicates']:,}  lost {d['lost']:,}")
+    say(f"  {'PASS' if d['lost'] == 0 else 'MISS'} no acknowledged job lost")
 
 
 def print_overflow(res: dict[str, Any], say: Callable[[str], None]) -> None:

@@ -1092,6 +1092,9 @@ def main(argv: list[str] | None = None) -> int:
             if "overflow" in a.only:
                 from benchmarks.overflow import scenario_overflow
                 overflow = scenario_overflow(work, server_cpus, _say, a.quick, a.overflow_jobs)
+                from benchmarks.overflow import scenario_overflow_cluster
+                overflow["cluster"] = scenario_overflow_cluster(work, server_cpus, _say,
+                                                                a.quick)
             if "tls" in a.only:
                 from benchmarks.tls import scenario_tls
                 tls = scenario_tls(work, server_cpus, o, a.quick, _say)
@@ -1131,8 +1134,10 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.tls import print_tls
         print_tls(tls, _say)
     if overflow:
-        from benchmarks.overflow import print_overflow
+        from benchmarks.overflow import print_overflow, print_overflow_cluster
         print_overflow(overflow, _say)
+        if "cluster" in overflow:
+            print_overflow_cluster(overflow["cluster"], _say)
     if disque_error and not any(row.disque.ok for row in rows):
         _say("disque-py numbers are pending: the server did not run (see above).")
     doc = {

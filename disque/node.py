@@ -155,9 +155,12 @@ class Node(NodeState):
     def refill(self, q: Queue) -> None:
         self.overflow.refill(q)
 
-    def disk_listing(self, after: int, n: int,
-                     nodes: Collection[bytes]) -> tuple[int, list[bytes]]:
-        return self.overflow.scan_listing(after, n, nodes)
+    def disk_listing(self, after: int, n: int, nodes: Collection[bytes],
+                     end: int) -> tuple[int, list[bytes]]:
+        return self.overflow.scan_listing(after, n, nodes, end)
+
+    def disk_last(self) -> int:
+        return self.overflow.last_segment()
 
     def _crossed(self, job: Job) -> None:
         """A job went to disk or came back: an AOF rewrite under way logs it, and a

@@ -168,11 +168,16 @@ class NodeState:
         it is there (disque.overflow)."""
         raise NotImplementedError
 
-    def disk_listing(self, after: int, n: int,
-                     nodes: Collection[bytes]) -> tuple[int, list[bytes]]:
-        """Of n jobs on disk past row `after`, the IDs of the at-least-once ones that list
-        any of `nodes`, and the row to go on after (0: the end): the walks of re-replication
-        and repair over the disk (disque.overflow)."""
+    def disk_listing(self, after: int, n: int, nodes: Collection[bytes],
+                     end: int) -> tuple[int, list[bytes]]:
+        """Of n jobs on disk past segment `after` up to segment `end`, the IDs of the
+        at-least-once ones that list any of `nodes`, and the segment to go on after (0: the
+        end): the walks of re-replication and repair over the disk (disque.overflow)."""
+        raise NotImplementedError
+
+    def disk_last(self) -> int:
+        """The newest segment on disk now: where a walk over the disk that starts now ends
+        (disque.overflow)."""
         raise NotImplementedError
 
     def refill(self, q: Queue) -> None:

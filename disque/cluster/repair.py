@@ -115,7 +115,7 @@ class Repair:
     __slots__ = ("node", "rate", "grace", "down", "stale_seen", "linked_seen", "view",
                  "cursor", "urgent", "again", "timer", "tokens", "last_step", "inflight", "pending",
                  "deferred", "deferred_seen", "rewalk_at",
-                 "repaired", "under", "found", "refilling")
+                 "repaired", "under", "found", "refilling", "disk_end")
 
     def __init__(self, node: NodeState, refilling: Refilling, rate: int = DEFAULT_RATE,
                  grace: int = DEFAULT_GRACE_MS) -> None:
@@ -132,6 +132,7 @@ class Repair:
         # next registry shard of the walk under way (-1: none; past the shard count: the
         # jobs on disk)
         self.cursor = -1
+        self.disk_end: dict[bool, int] = {}  # (urgent walk?) -> its last segment on disk
         # next shard of the urgent walk (-1: none): the jobs only this node holds among
         # the reachable ones, one crash from lost, go before the others on every change
         self.urgent = -1
@@ -287,9 +288,13 @@ class Repair:
                     continue
                 batch = list(shard.values())
             elif cursor < DISK_DONE and node.on_disk:
-                # then the jobs on disk (disque.overflow; cursor = shard count + the row
-                # to go on after): those that may be short come back to memory first
-                after, found = node.disk_listing(cursor - count, DISK_STEP, stale)
+                # then the jobs on disk (disque.overflow; cursor = shard count + the
+                # segment to go on after, up to the newest segment when the disk phase
+                # began): those that may be short come back to memory first
+                if cursor == count:
+                    self.disk_end[urgent] = node.disk_last()
+                after, found = node.disk_listing(cursor - count, DISK_STEP, stale,
+                                                 self.disk_end.get(urgent, 0))
                 cursor = count + after if after else DISK_DONE
                 # rows read by SQLite, a fraction of the cost of jobs looked at here
                 looked += DISK_STEP // DISK_WEIGHT

@@ -105,7 +105,7 @@ class Rereplication:
     `disk_listing(after, n, nodes)`, `send(node_id, msg)`, `header()`, `linked_others()`, `myself`."""
 
     __slots__ = ("node", "rate", "seen", "cursors", "inflight", "rereplicated", "unlisted",
-                 "since", "recent", "rechecks", "rechecked")
+                 "since", "recent", "rechecks", "rechecked", "disk_ends")
 
     def __init__(self, node: NodeState, rate: int = DEFAULT_RATE) -> None:
         self.node = node
@@ -113,6 +113,9 @@ class Rereplication:
         self.seen: dict[bytes, int] = {}  # node ID -> incarnation last seen
         # restarted node -> next registry shard (past the shard count: the jobs on disk)
         self.cursors: dict[bytes, int] = {}
+        # restarted node -> the newest segment on disk when its walk reached the disk (the
+        # walk ends there: jobs it brings back that go to disk again land past it)
+        self.disk_ends: dict[bytes, int] = {}
         # (node ID, job ID) -> (sent at ms, attempts): REPLJOBs waiting for their GOTJOB
         self.inflight: dict[tuple[bytes, bytes], tuple[int, int]] = {}
         self.rereplicated = 0
@@ -172,6 +175,7 @@ class Rereplication:
         """`node_id` came back with a new incarnation: walk the registry for its copies
         (from the start again if a walk for it was under way)."""
         self.cursors[node_id] = 0
+        self.disk_ends.pop(node_id, None)
         for key in [k for k in self.inflight if k[0] == node_id]:
             del self.inflight[key]
         for key in [k for k in self.rechecks if k[0] == node_id]:
@@ -280,8 +284,11 @@ class Rereplication:
             # on after): one this node must act on comes back to memory first
             lookup = self.node.lookup_job
             listing = (target,)
+            if cursor == count:  # the disk phase starts: up to the newest segment now
+                self.disk_ends[target] = self.node.disk_last()
+            end = self.disk_ends.get(target, 0)
             while budget > 0 and looked < SCAN_PER_TICK:
-                after, found = self.node.disk_listing(cursor - count, DISK_STEP, listing)
+                after, found = self.node.disk_listing(cursor - count, DISK_STEP, listing, end)
                 looked += DISK_STEP // DISK_WEIGHT  # (rows read by SQLite: cheaper)
                 for job_id in found:
                     if (target, job_id) not in inflight:
@@ -297,6 +304,7 @@ class Rereplication:
                 return budget
         if cursor >= count:
             del self.cursors[target]
+            self.disk_ends.pop(target, None)
         else:
             self.cursors[target] = cursor
         return budget

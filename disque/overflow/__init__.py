@@ -364,14 +364,19 @@ class Overflow:
         nxt, datas = self.store.scan(after, count)
         return nxt, [unpack_job(d) for d in datas]
 
-    def scan_listing(self, after: int, count: int,
-                     nodes: Collection[bytes]) -> tuple[int, list[bytes]]:
+    def scan_listing(self, after: int, count: int, nodes: Collection[bytes],
+                     end: int) -> tuple[int, list[bytes]]:
         """The walks of re-replication and repair over the disk: the IDs of the copyable
-        jobs listing any of `nodes` among `count` rows past `after` (the store's
-        scan_listing)."""
+        jobs listing any of `nodes` among `count` jobs past segment `after`, up to segment
+        `end` (the store's scan_listing)."""
         if self.store is None:
             return 0, []
-        return self.store.scan_listing(after, count, nodes)
+        return self.store.scan_listing(after, count, nodes, end)
+
+    def last_segment(self) -> int:
+        """The newest segment now: a walk over the disk stops there, since a job it brings
+        back and that goes to disk again lands past it (else the walk would never end)."""
+        return self.store.last_chunk if self.store is not None else 0
 
     def drop_all(self) -> None:
         """DEBUG FLUSHALL, CLUSTER RESET: forget every job on disk."""

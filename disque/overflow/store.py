@@ -84,6 +84,7 @@ class OverflowStore:
         self.path = path
         self.max_bytes = max_bytes
         self.db = self._open(0)
+        self.last_chunk = 0  # the ID of the newest segment written (IDs only grow)
         self.jobs = 0  # jobs here now
         self.bytes = 0  # their data bytes
         self.written = 0  # jobs written since start
@@ -160,7 +161,7 @@ class OverflowStore:
                         " VALUES (?, ?, ?, ?, ?, ?, ?)",
                         (queue, part[0][2], min(r[3] for r in part), len(part),
                          lens.tobytes(), meta, data))
-                    chunk = cur.lastrowid
+                    chunk = self.last_chunk = int(cur.lastrowid or 0)
                     entries = []
                     off = 0
                     for pos, r in enumerate(part):
@@ -351,15 +352,17 @@ class OverflowStore:
             jobs += row[1]
         return nxt, self._jobs_of(rows)
 
-    def scan_listing(self, after: int, n: int,
-                     nodes: Collection[bytes]) -> tuple[int, list[bytes]]:
-        """Walk the segments past segment `after` (about n jobs): the IDs of the copyable
-        jobs that list any of `nodes`, and the segment to go on after (0: the end)."""
+    def scan_listing(self, after: int, n: int, nodes: Collection[bytes],
+                     end: int) -> tuple[int, list[bytes]]:
+        """Walk the segments past segment `after`, up to segment `end` (about n jobs): the
+        IDs of the copyable jobs that list any of `nodes`, and the segment to go on after
+        (0: the end)."""
         ids: list[bytes] = []
         jobs = 0
         last = after
         for chunk, count, meta in self.db.execute(
-                "SELECT id, count, meta FROM chunks WHERE id > ? ORDER BY id", (after,)):
+                "SELECT id, count, meta FROM chunks WHERE id > ? AND id <= ? ORDER BY id",
+                (after, end)):
             if jobs >= n:
                 return last, ids
             for job_id, listed, copyable in _unpackb(meta, use_list=False):
