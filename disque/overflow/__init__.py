@@ -120,10 +120,6 @@ class Overflow:
         mm = self.state.maxmemory
         self.state.spill_at = mm * self.threshold // 100 if mm and self.store else 1 << 62
 
-    def maxmemory_changed(self) -> None:
-        if self.store is not None and self.state.spill_at < 1 << 62:
-            self._update_limit()
-
     # ------------------------------------------------------------------ the tick
     def tick(self, now: int) -> None:
         store = self.store
@@ -322,10 +318,10 @@ class Overflow:
         """Before a job is taken from `q`: if its oldest job may be on disk, bring back the
         REFILL oldest (see the module docstring)."""
         store = self.store
-        if store is None or not q.spilled:
-            if not q.spilled:
-                return
-            q.spilled = 0  # (the store is gone: DEBUG FLUSHALL, a failed open)
+        if store is None:
+            q.spilled = 0  # (the store is gone)
+            return
+        if not q.spilled:
             return
         first = q.jobs.first()
         if first is not None and first.ctime < q.disk_first:

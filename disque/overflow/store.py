@@ -45,6 +45,7 @@ import os
 import sqlite3
 from array import array
 from collections.abc import Collection
+from typing import Any
 
 import msgpack
 
@@ -68,6 +69,8 @@ _SCHEMA = (
 # timer wants it back), nodes (the listed nodes' IDs, concatenated), copyable (1: re-
 # replication and repair may copy it), data (the job, disque.overflow.record)
 Row = tuple[bytes, bytes, int, int, bytes, int, bytes]
+# a segment as read back: id, count, lens (array("I") bytes), data
+Segment = tuple[int, int, bytes, bytes]
 
 _packb = msgpack.packb
 _unpackb = msgpack.unpackb
@@ -185,7 +188,7 @@ class OverflowStore:
         self.written += added
         self.chunks += chunks
 
-    def _load(self, found: list[tuple[int, int, bytes, bytes]]) -> list[bytes]:
+    def _load(self, found: list[Segment]) -> list[bytes]:
         """Delete the segments found (id, count, lens, data); the data of their jobs not
         taken already."""
         if not found:
@@ -256,33 +259,30 @@ class OverflowStore:
         self._emptied()
         return data
 
+    def _segments(self, where: str, params: tuple[object, ...],
+                  n: int) -> tuple[list[Segment], tuple[Any, ...] | None]:
+        """Segments in the order `where` gives, until they hold n jobs; and the next
+        segment's row (id, count, lens, data, first), None if there is none."""
+        rows: list[Segment] = []
+        jobs = 0
+        for row in self.db.execute(f"SELECT id, count, lens, data, first FROM chunks {where}",
+                                   params):
+            if jobs >= n:
+                return rows, row
+            rows.append((row[0], row[1], row[2], row[3]))
+            jobs += row[1]
+        return rows, None
+
     def take_oldest(self, queue: bytes, n: int) -> tuple[list[bytes], int]:
         """Remove the oldest segments of a queue, at least n jobs if it has as many; their
         data, and the first ctime of the queue's next segment (0: none)."""
-        found: list[tuple[int, int, bytes, bytes]] = []
-        jobs = 0
-        nxt = 0
-        for row in self.db.execute("SELECT id, count, lens, data, first FROM chunks"
-                                   " WHERE queue = ? ORDER BY first", (queue,)):
-            if jobs >= n:
-                nxt = int(row[4])
-                break
-            found.append((row[0], row[1], row[2], row[3]))
-            jobs += row[1]
-        return self._load(found), nxt
+        rows, nxt = self._segments("WHERE queue = ? ORDER BY first", (queue,), n)
+        return self._load(rows), int(nxt[4]) if nxt is not None else 0
 
     def take_due(self, now_ms: int, n: int) -> list[bytes]:
         """Remove the segments holding a job whose wake time is at or before now (about n
         jobs at most: whole segments)."""
-        found: list[tuple[int, int, bytes, bytes]] = []
-        jobs = 0
-        for row in self.db.execute("SELECT id, count, lens, data FROM chunks WHERE wake <= ?"
-                                   " ORDER BY wake", (now_ms,)):
-            found.append((row[0], row[1], row[2], row[3]))
-            jobs += row[1]
-            if jobs >= n:
-                break
-        return self._load(found)
+        return self._load(self._segments("WHERE wake <= ? ORDER BY wake", (now_ms,), n)[0])
 
     def drop_all(self) -> None:
         self._reset()
@@ -302,7 +302,7 @@ class OverflowStore:
             self.stale = 0  # (a whole pass: none left, whatever the count said)
 
     # ------------------------------------------------------------------ reads
-    def _split(self, row: tuple[int, int, bytes, bytes]) -> list[bytes]:
+    def _split(self, row: Segment) -> list[bytes]:
         """The data of the jobs of a segment (id, count, lens, data) not taken already."""
         chunk, count, lens_raw, data = row
         taken = {r[0] for r in self.db.execute("SELECT pos FROM taken WHERE chunk = ?",
@@ -318,7 +318,7 @@ class OverflowStore:
             off += n
         return out
 
-    def _jobs_of(self, rows: list[tuple[int, int, bytes, bytes]]) -> list[bytes]:
+    def _jobs_of(self, rows: list[Segment]) -> list[bytes]:
         """The data of the jobs of segments not taken, left in place."""
         return [d for row in rows for d in self._split(row)]
 
@@ -326,31 +326,15 @@ class OverflowStore:
         """At least the n oldest (or newest) jobs of a queue if it has as many, left in
         place (whole segments: the caller sorts and cuts)."""
         order = "DESC" if newest else "ASC"
-        rows: list[tuple[int, int, bytes, bytes]] = []
-        jobs = 0
-        for row in self.db.execute(f"SELECT id, count, lens, data FROM chunks WHERE queue = ?"
-                                   f" ORDER BY first {order}", (queue,)):
-            rows.append((row[0], row[1], row[2], row[3]))
-            jobs += row[1]
-            if jobs >= n:
-                break
-        return self._jobs_of(rows)
+        return self._jobs_of(self._segments(f"WHERE queue = ? ORDER BY first {order}",
+                                            (queue,), n)[0])
 
     def scan(self, after: int, n: int) -> tuple[int, list[bytes]]:
         """The jobs of the segments past segment `after` (at least n if there are as
         many), and the segment to go on after (0: the end): a resumable walk (JSCAN, the
         AOF rewrite)."""
-        rows: list[tuple[int, int, bytes, bytes]] = []
-        jobs = 0
-        nxt = 0
-        for row in self.db.execute("SELECT id, count, lens, data FROM chunks WHERE id > ?"
-                                   " ORDER BY id", (after,)):
-            if jobs >= n:
-                nxt = rows[-1][0]
-                break
-            rows.append((row[0], row[1], row[2], row[3]))
-            jobs += row[1]
-        return nxt, self._jobs_of(rows)
+        rows, nxt = self._segments("WHERE id > ? ORDER BY id", (after,), n)
+        return (rows[-1][0] if nxt is not None else 0), self._jobs_of(rows)
 
     def scan_listing(self, after: int, n: int, nodes: Collection[bytes],
                      end: int) -> tuple[int, list[bytes]]:

@@ -5,6 +5,7 @@ without AOF; a size cap acts as a full disk."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.harness import DisqueProcess, wait_for
@@ -160,23 +161,31 @@ def test_a_file_deleted_by_hand_keeps_serving(make_server) -> None:  # type: ign
         assert consume(c, "dq") == list(range(4000))
 
 
+def fill_until_full_then_drain(c: Conn, node: DisqueProcess, queue: str,
+                               space_back: Callable[[], None] = lambda: None) -> None:
+    """ADDJOB until -OOM (the overflow file full, memory then), the node up and saying so;
+    every job drained in order; `space_back`, then ADDJOB is accepted again."""
+    added = 0
+    refused = None
+    for i in range(20_000):
+        reply = c.cmd("ADDJOB", queue, "%06d" % i + BODY, 0)
+        if isinstance(reply, Err):
+            refused = reply
+            break
+        added += 1
+    assert refused is not None and str(refused) == OOM, refused
+    assert node.alive() and info(c, "jobs")["overflow_status"] == "full"
+    assert 0 < on_disk(c) < added
+    assert consume(c, queue) == list(range(added))
+    space_back()
+    wait_for(lambda: isinstance(c.cmd("ADDJOB", queue, "again", 0), Status),
+             what="accepted again")
+
+
 def test_a_size_cap_acts_as_a_full_disk(make_server) -> None:  # type: ignore[no-untyped-def]
     node = make_server(args=[*ARGS, "--overflow-max-size", "1mb"])
     with Conn(node.port) as c:
-        added = 0
-        refused = None
-        for i in range(20_000):
-            reply = c.cmd("ADDJOB", "fq", "%06d" % i + BODY, 0)
-            if isinstance(reply, Err):
-                refused = reply
-                break
-            added += 1
-        assert refused is not None and str(refused) == OOM, refused
-        assert info(c, "jobs")["overflow_status"] == "full"
-        assert 0 < on_disk(c) < added
-        assert consume(c, "fq") == list(range(added))
-        wait_for(lambda: isinstance(c.cmd("ADDJOB", "fq", "again", 0), Status),
-                 what="accepted again")
+        fill_until_full_then_drain(c, node, "fq")
         assert c.cmd("PING") == Status("PONG")
 
 
@@ -204,18 +213,4 @@ def test_a_full_disk_stops_overflow_without_a_crash_and_loses_nothing(
     small_disk.attach(node.proc.pid)
     small_disk.fill(leave=400_000)
     with Conn(node.port) as c:
-        added = 0
-        refused = None
-        for i in range(20_000):
-            reply = c.cmd("ADDJOB", "eq", "%06d" % i + BODY, 0)
-            if isinstance(reply, Err):
-                refused = reply
-                break
-            added += 1
-        assert refused is not None and str(refused) == OOM, refused
-        assert node.alive() and info(c, "jobs")["overflow_status"] == "full"
-        assert 0 < on_disk(c) < added
-        assert consume(c, "eq") == list(range(added))
-        small_disk.free()
-        wait_for(lambda: isinstance(c.cmd("ADDJOB", "eq", "again", 0), Status),
-                 what="accepted again")
+        fill_until_full_then_drain(c, node, "eq", small_disk.free)
