@@ -294,6 +294,7 @@ class Membership:
                                e.bits & (PFAIL | FAIL | NOADDR | LEAVING), ctime=now)
             node.ping_sent = now if e.ping_sent else 0
             node.pong_received = now if e.pong_received else 0
+            node.incarnation = e.incarnation  # (a different one heard: it restarted)
             self.table[e.id] = node
         self.header = self._make_header()
         self._changed(save=False)
@@ -681,6 +682,7 @@ class Membership:
             if node.incarnation:
                 self._log("node.restarted", node=_sid(node.id))
             node.incarnation = incarnation
+            self._save = True  # (nodes.conf keeps it for our own next start)
         if (node.bits ^ flags) & LEAVING:
             node.bits ^= LEAVING
             self._changed()

@@ -140,21 +140,34 @@ def render_cluster_nodes(nodes: Iterable[ClusterNode]) -> str:
 
 
 def render_nodes_conf(nodes: Iterable[ClusterNode]) -> str:
-    """nodes.conf text: the CLUSTER NODES lines minus handshake entries."""
-    return "".join([n.line() for n in nodes if not n.bits & HANDSHAKE])
+    """nodes.conf text: the CLUSTER NODES lines minus handshake entries, then a `vars
+    incarnations` line: the last process incarnation heard from each other node, so a node
+    that restarts knows which of the others restarted while it was down and which did not
+    (disque.cluster.rereplication)."""
+    nodes = [n for n in nodes if not n.bits & HANDSHAKE]
+    heard = [f"{n.id.decode()}:{n.incarnation}" for n in nodes
+             if n.incarnation and not n.bits & MYSELF]
+    tail = f"vars incarnations {','.join(heard)}\n" if heard else ""
+    return "".join([n.line() for n in nodes]) + tail
 
 
 def parse_nodes_conf(text: str) -> tuple[bytes, list[ClusterNode]]:
     """nodes.conf text -> (my node ID, entries incl. myself) with the values as written.
 
     Handshake lines (not written by us) are skipped. The caller applies the "non-zero
-    ping/pong means now" rule (`Membership.load` does)."""
+    ping/pong means now" rule (`Membership.load` does). A `vars incarnations` line gives
+    the entries their last heard incarnation (an entry it does not name, or one it names
+    badly, keeps 0: not heard)."""
     myself: bytes | None = None
     entries: list[ClusterNode] = []
     seen: set[bytes] = set()
+    heard: dict[bytes, int] = {}
     for lineno, raw in enumerate(text.split("\n"), 1):
         line = raw.strip()
-        if not line or line.split()[0] == "vars":
+        if not line:
+            continue
+        if line.split()[0] == "vars":
+            heard.update(_incarnations(line.split()[1:]))
             continue
 
         def bad(reason: str, lineno: int = lineno, line: str = line) -> NodesConfError:
@@ -194,4 +207,21 @@ def parse_nodes_conf(text: str) -> tuple[bytes, list[ClusterNode]]:
         entries.append(node)
     if myself is None:
         raise NodesConfError("corrupted cluster config file: no myself line")
+    for node in entries:
+        node.incarnation = heard.get(node.id, 0)
     return myself, entries
+
+
+def _incarnations(fields: list[str]) -> dict[bytes, int]:
+    """The `incarnations` value of a `vars` line's key/value pairs: node ID -> incarnation
+    (an unreadable item is left out: it only costs the node a check it would make without
+    the line)."""
+    out: dict[bytes, int] = {}
+    for key, value in zip(fields[::2], fields[1::2], strict=False):
+        if key != "incarnations":
+            continue
+        for item in value.split(","):
+            node_id, _, inc = item.partition(":")
+            if len(node_id) == 40 and _NODE_ID.fullmatch(node_id) and inc.isdigit():
+                out[node_id.encode()] = int(inc)
+    return out

@@ -24,6 +24,12 @@ restarted too: it was down when this node started, so its restart could not be s
 the copies this node received since may list it as a holder (the simulation's seed 1147;
 a chaos run lost jobs to a node first heard from 1.9 s after this node's start, when the
 limit was 2 s: counted as a holder without a copy, it was ranked first to repair them).
+nodes.conf keeps the incarnation last heard from each node, so after our own restart a
+node heard with the one we knew did not restart meanwhile and one heard with another did,
+however late either is heard; the rule above serves only the nodes we had not heard from
+(a busy cluster answered a restarted node's first PINGs ~500 ms late, and the refilled node
+then sent the others a copy of every job it got, which cost them a read from disk each
+with overflow on).
 
 Every restart counts, AOF or not: with appendfsync everysec (or a damaged AOF) a reloaded
 node may still miss the copies of its last second, and a REPLJOB for a copy it reloaded

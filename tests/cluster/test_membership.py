@@ -49,7 +49,8 @@ def priority_of(proc: DisqueProcess, node_id: str) -> bytes | None:
 
 def nodes_conf_ids(proc: DisqueProcess) -> dict[str, list[str]]:
     text = (proc.workdir / "nodes.conf").read_text()
-    return {NodeLine(line).id: NodeLine(line).flags for line in text.splitlines() if line}
+    return {NodeLine(line).id: NodeLine(line).flags for line in text.splitlines()
+            if line and not line.startswith("vars ")}
 
 
 # ---------------------------------------------------------------------------- forming

@@ -4,7 +4,7 @@ acked and at-most-once jobs are not sent to it."""
 
 from __future__ import annotations
 
-from tests.cluster.conftest import cmd, parse_fields
+from tests.cluster.conftest import cmd, frozen, parse_fields
 from tests.harness import wait_for
 
 
@@ -35,3 +35,30 @@ def test_a_node_restarted_empty_gets_its_copies_back(cluster) -> None:  # type: 
     assert cmd(x, "SHOW", acked) is None and cmd(x, "SHOW", once) is None
     show = dict(zip(*[iter(cmd(x, "SHOW", kept[0]))] * 2, strict=True))
     assert show[b"state"] == b"active" and len(show[b"nodes-delivered"]) == 3
+
+
+def test_a_restarted_node_that_hears_a_peer_late_knows_it_did_not_restart(cluster) -> None:  # type: ignore[no-untyped-def]
+    # nodes.conf keeps the incarnation last heard from each node. Without it, a peer heard
+    # more than 500 ms after our start counted as restarted (it might have been, while we
+    # were down), and the refilled node sent it a copy of every job it got: with overflow
+    # on, each a read from disk on the peer (a busy cluster answered that late).
+    c = cluster(3)
+    a, b, x = c.nodes
+    kept = [str(cmd(a, "ADDJOB", "lq", f"j{i}", 5000, "REPLICATE", 3, "RETRY", 60))
+            for i in range(50)]
+    assert all(cmd(x, "SHOW", j) is not None for j in kept)
+    wait_for(lambda: "vars incarnations" in (x.workdir / "nodes.conf").read_text(),
+             what="x's nodes.conf naming the others' incarnations")
+    x.kill()
+    with frozen(a):
+        x.start()
+        wait_for(lambda: all(cmd(x, "SHOW", j) is not None for j in kept), timeout=20,
+                 what="b's copies back on x")
+        wait_for(lambda: int(parse_fields(cmd(x, "INFO", "server"))["uptime_in_seconds"]) >= 1,
+                 what="a heard only after x's first second")
+    c.wait_mesh()
+    start = int(parse_fields(cmd(x, "INFO", "server"))["uptime_in_seconds"])
+    wait_for(lambda: int(parse_fields(cmd(x, "INFO", "server"))["uptime_in_seconds"]) >= start + 2,
+             what="x's cron running a while after hearing a")
+    assert info_jobs(x)["rereplicated_jobs"] == "0"
+    assert info_jobs(x)["rereplication_rechecked"] == "0"

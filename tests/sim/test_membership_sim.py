@@ -37,7 +37,9 @@ def test_nodes_met_through_one_node_reach_a_full_mesh(n: int, chain: bool) -> No
         assert m.size() == n and len(m.reachable()) == n - 1
         assert m.my_ip == node.ip  # every node learned its address from a MEET/PING
         assert {x.ip for x in m.nodes()} == {x.ip for x in net.nodes}
-        assert "handshake" not in node.conf and len(node.conf.splitlines()) == n
+        lines = node.conf.splitlines()
+        assert "handshake" not in node.conf and len(lines) == n + 1  # and the vars line
+        assert lines[-1].startswith("vars incarnations ") and lines[-1].count(":") == n - 1
 
 
 def test_meeting_a_single_node_of_an_existing_cluster_is_enough() -> None:

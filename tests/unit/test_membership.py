@@ -19,7 +19,16 @@ from disque.cluster.membership import (
     Send,
     new_node_id,
 )
-from disque.cluster.messages import AuthChallenge, Fail, GossipEntry, Header, Meet, Ping, Pong
+from disque.cluster.messages import (
+    INCARNATION_SHIFT,
+    AuthChallenge,
+    Fail,
+    GossipEntry,
+    Header,
+    Meet,
+    Ping,
+    Pong,
+)
 from disque.cluster.nodes import (
     FAIL,
     HANDSHAKE,
@@ -802,6 +811,37 @@ def test_nodes_conf_round_trip_keeps_ids_addresses_and_flags() -> None:
     assert m2.size() == 5 and set(m2.reachable()) == {A, D}
     m2.tick()
     assert len(of(m2.drain(), Connect)) == 4
+
+
+def test_nodes_conf_keeps_the_incarnation_last_heard_from_each_node() -> None:
+    # so a node that restarts tells a peer that restarted meanwhile from one that did not
+    m, _ = make()
+    add_peer(m, A)
+    add_peer(m, B)
+    m.link_message(Link("in-x"), Ping(hdr(A, 7 << INCARNATION_SHIFT), []), ADDR[A])
+    assert SAVE_CONFIG in m.drain()  # heard: saved
+    m.link_message(Link("in-x"), Ping(hdr(A, 7 << INCARNATION_SHIFT), []), ADDR[A])
+    assert SAVE_CONFIG not in m.drain()  # the same one: nothing to save
+    text = m.nodes_conf()
+    assert text.endswith(f"vars incarnations {A.decode()}:7\n")
+    _, entries = parse_nodes_conf(text)
+    assert {e.id: e.incarnation for e in entries} == {ME: 0, A: 7, B: 0}
+    m2 = Membership(ME, 7711, clock=Clock(), rng=random.Random(2))
+    m2.load(entries)
+    assert m2.get(A).incarnation == 7 and m2.get(B).incarnation == 0  # type: ignore[union-attr]
+    m2.link_message(Link("in-y"), Ping(hdr(A, 7 << INCARNATION_SHIFT), []), ADDR[A])
+    assert not logs(m2.drain(), "node.restarted")
+    m2.link_message(Link("in-y"), Ping(hdr(A, 8 << INCARNATION_SHIFT), []), ADDR[A])
+    assert logs(m2.drain(), "node.restarted")  # another one: it restarted while we were down
+
+
+def test_nodes_conf_skips_an_unreadable_incarnations_item() -> None:
+    text = (f"{ME.decode()} 10.0.0.1:7711 myself 0 0 connected\n"
+            f"{A.decode()} 10.0.0.2:7711 noflags 0 0 connected\n"
+            f"{B.decode()} 10.0.0.3:7711 noflags 0 0 connected\n"
+            f"vars incarnations {A.decode()}:x,junk,{B.decode()}:12 other 3\n")
+    _, entries = parse_nodes_conf(text)
+    assert {e.id: e.incarnation for e in entries} == {ME: 0, A: 0, B: 12}
 
 
 @pytest.mark.parametrize("text, reason", [

@@ -132,6 +132,32 @@ def test_a_node_first_heard_from_long_after_our_start_gets_its_copies() -> None:
     assert repljobs(r.cron()) == [(A, jid)]
 
 
+def test_a_node_heard_late_with_the_incarnation_nodes_conf_kept_did_not_restart() -> None:
+    # A busy cluster answered a restarted node's first PINGs ~500 ms late: counted as
+    # restarted, both got a copy of every job the refilled node received (overflow: a read
+    # from disk each). nodes.conf's incarnation says they did not restart.
+    r = Rig()
+    r.m.get(A).incarnation = 5  # as Membership.load sets it from nodes.conf
+    r.cron()
+    for _ in range(FIRST_SIGHT_MS // 100 + 1):
+        r.cron()
+    jid = r.copy()
+    r.ping_from(A, 5)
+    assert repljobs(r.cron()) == []
+    assert r.info()["rereplication_nodes"] == 0
+    r.ping_from(A, 6)  # another one later: a restart
+    assert repljobs(r.cron()) == [(A, jid)]
+
+
+def test_a_node_heard_at_once_with_another_incarnation_than_nodes_conf_s_restarted() -> None:
+    r = Rig()
+    r.m.get(A).incarnation = 5
+    r.cron()
+    jid = r.copy()
+    r.ping_from(A, 9)  # it restarted while we were down
+    assert repljobs(r.cron()) == [(A, jid)]
+
+
 def test_a_walk_that_finds_little_to_send_goes_on_over_several_ticks() -> None:
     r = Rig()
     for _ in range(2 * SCAN_PER_TICK + 1):
