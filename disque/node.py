@@ -155,6 +155,12 @@ class Node(NodeState):
     def refill(self, q: Queue) -> None:
         self.overflow.refill(q)
 
+    def held_on_disk(self, job_id: bytes, delivered: tuple[bytes, ...]) -> bool:
+        return self.overflow.holds(job_id, delivered)
+
+    def disk_job(self, job_id: bytes) -> Job | None:
+        return self.overflow.get(job_id)
+
     def disk_listing(self, after: int, n: int, nodes: Collection[bytes],
                      end: int) -> tuple[int, list[bytes]]:
         return self.overflow.scan_listing(after, n, nodes, end)
@@ -169,7 +175,8 @@ class Node(NodeState):
         if self.persist is not None:
             self.persist.rewrite_note(job)
         if self.rereplication.cursors and self.jobs.get(job.id) is job:
-            self.rereplication.came_back(job)  # back into a shard a walk may have passed
+            # back into a shard a walk may have passed
+            self.rereplication.came_back(job, self.overflow.came_from())
 
     def copy_confirmed(self, sender: bytes, job_id: bytes) -> None:
         """A GOTJOB that answers no ADDJOB: a copy re-replication or repair made."""

@@ -168,6 +168,16 @@ class NodeState:
         it is there (disque.overflow)."""
         raise NotImplementedError
 
+    def held_on_disk(self, job_id: bytes, delivered: tuple[bytes, ...]) -> bool:
+        """Whether the job is on disk listing exactly the nodes of `delivered`
+        (disque.overflow): a copy received again merges to nothing."""
+        raise NotImplementedError
+
+    def disk_job(self, job_id: bytes) -> Job | None:
+        """A copy of a job on disk, read and left there (not registered): to send it
+        (disque.overflow)."""
+        raise NotImplementedError
+
     def disk_listing(self, after: int, n: int, nodes: Collection[bytes],
                      end: int) -> tuple[int, list[bytes]]:
         """Of n jobs on disk past segment `after` up to segment `end`, the IDs of the

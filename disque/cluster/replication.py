@@ -480,7 +480,12 @@ class JobReplication:
             # registry (among millions of jobs, each probe is a cache miss)
             shard = shards[hash(job_id) & mask]
             if st.on_disk and job_id not in shard:
-                st.fault_in(job_id)  # a copy held on disk (disque.overflow) merges too
+                # a copy held on disk (disque.overflow) merges too: read back, unless it
+                # lists the same nodes (re-replication sends a job from every holder)
+                if st.held_on_disk(job_id, delivered):
+                    held.append(job_id)
+                    continue
+                st.fault_in(job_id)
             known = shard.setdefault(job_id, job)
             if known is not job:
                 known.delivered = known.delivered + tuple(
@@ -532,7 +537,9 @@ class JobReplication:
         # the jobs waiting for copies first: a small, warm table (the registry holds
         # millions of jobs and a lookup there is a cache miss)
         rep = self.replicating.get(job_id)
-        job = rep.job if rep is not None else self.state.lookup_job(job_id)
+        # (not from disk: a job there waits for no copy, and reading it back for a GOTJOB
+        # of re-replication cost a read and a write per copy with overflow on)
+        job = rep.job if rep is not None else self.state.jobs.get(job_id)
         if job is None or job.state != WAIT_REPL:
             if rep is None:
                 self.copy_confirmed(sender, job_id)  # re-replication's or repair's

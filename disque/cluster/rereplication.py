@@ -211,17 +211,30 @@ class Rereplication:
                     continue  # the walk will come to it
                 rechecks[(target, job_id)] = None
 
-    def came_back(self, job: Job) -> None:
-        """A job back from disk (disque.overflow) into a registry shard a walk may have
-        passed while the job was on disk: looked at again for each restarted node it
-        lists (a walk that has not passed its shard yet comes to it)."""
+    def came_back(self, job: Job, segments: tuple[int, int]) -> None:
+        """A job back from disk (disque.overflow; from the segments `segments`, lowest and
+        highest ID) into a registry shard a walk may have passed while the job was on disk:
+        looked at again for each restarted node it lists (a walk that has not passed its
+        shard yet comes to it). Not for a walk of the disk that walked its segment (it
+        looked at the job there) or whose end is older than it (the job went to disk after
+        the shards were walked): a job read for a walk, or any job read back while a walk
+        of the disk goes on, was sent again once per read, and the copies it sent were
+        read back from disk on the other side (a refilled node took 4 copies of each job)."""
         cursors = self.cursors
         if not cursors:
             return
-        shard = self.node.jobs.shard_index(job.id)
+        jobs = self.node.jobs
+        shard = jobs.shard_index(job.id)
+        count = jobs.shard_count()
+        lo, hi = segments
         for target, cursor in cursors.items():
-            if cursor > shard and target in job.delivered:
-                self.rechecks[(target, job.id)] = None
+            if cursor <= shard or target not in job.delivered:
+                continue
+            if cursor >= count:
+                end = self.disk_ends.get(target)
+                if end is not None and (hi <= cursor - count or lo > end):
+                    continue
+            self.rechecks[(target, job.id)] = None
 
     def copy_again(self, target: bytes, job: Job, now: int) -> None:
         """Send `job` to `target`, which is listed for it without having confirmed a copy
@@ -287,8 +300,7 @@ class Rereplication:
                     budget -= self._restore(job, target, empty, holders, now)
         if cursor >= count and self.node.on_disk:
             # then the jobs on disk (disque.overflow; cursor = shard count + the row to go
-            # on after): one this node must act on comes back to memory first
-            lookup = self.node.lookup_job
+            # on after): sent from disk as they are (`_job`)
             listing = (target,)
             if cursor == count:  # the disk phase starts: up to the newest segment now
                 self.disk_ends[target] = self.node.disk_last()
@@ -296,9 +308,11 @@ class Rereplication:
             while budget > 0 and looked < SCAN_PER_TICK:
                 after, found = self.node.disk_listing(cursor - count, DISK_STEP, listing, end)
                 looked += DISK_STEP // DISK_WEIGHT  # (rows read by SQLite: cheaper)
+                # walked: the jobs it brings back below are not looked at again (came_back)
+                self.cursors[target] = count + (after or end)
                 for job_id in found:
                     if (target, job_id) not in inflight:
-                        back = lookup(job_id)
+                        back = self._job(job_id)
                         if back is not None and wanted(back, target):
                             budget -= self._restore(back, target, empty, holders, now)
                 if not after:
@@ -321,12 +335,27 @@ class Rereplication:
         if empty and self._copies_without(job, target, holders) >= job.repl:
             # enough copies without the one target lost (repair made them while it was
             # down): it leaves the list instead of taking a copy again
+            if self.node.jobs.get(job.id) is not job:  # read from disk: the job itself
+                back = self.node.lookup_job(job.id)
+                if back is None:
+                    return 0
+                job = back
             job.delivered = self.node.shared_delivered(
                 tuple(n for n in job.delivered if n != target))
             self.unlisted += 1
             return 0
         self._send(target, job, now, 1)
         return 1
+
+    def _job(self, job_id: bytes) -> Job | None:
+        """The job in memory, or a copy read from disk and left there (disque.overflow):
+        what is sent needs no more, and bringing each job of a walk back to memory cost a
+        read, a write when it went back, and came_back's looks."""
+        node = self.node
+        job = node.jobs.get(job_id)
+        if job is None and node.on_disk:
+            job = node.disk_job(job_id)
+        return job
 
     def _empty(self, target: bytes) -> bool:
         """Whether the restarted `target` came back without its copies: a target with an
@@ -346,7 +375,6 @@ class Rereplication:
         not reachable now wait for its link, until RECHECK_MS after its restart: a node
         still unreachable then (or forgotten) is not counted as a holder while it is, and
         comes back with a new incarnation if it restarted again."""
-        lookup = self.node.lookup_job
         wanted = self._wanted
         inflight = self.inflight
         holders = self._holders()
@@ -361,7 +389,7 @@ class Rereplication:
                     done.append(key)
                 continue
             done.append(key)
-            job = lookup(job_id)
+            job = self._job(job_id)
             if job is None or not wanted(job, target) or key in inflight:
                 continue
             sent = self._restore(job, target, self._empty(target), holders, now)
@@ -372,7 +400,6 @@ class Rereplication:
         return budget
 
     def _resend(self, now: int, budget: int) -> int:
-        lookup = self.node.lookup_job
         for key, attempts in overdue(self.inflight, now):
             if budget <= 0:
                 break
@@ -380,7 +407,7 @@ class Rereplication:
             if not self._reachable(target):
                 continue  # kept: sent again once the link is back
             del self.inflight[key]
-            job = lookup(job_id)
+            job = self._job(job_id)
             if job is None or attempts >= MAX_ATTEMPTS or not self._wanted(job, target):
                 continue
             self._send(target, job, now, attempts + 1)

@@ -48,7 +48,7 @@ import structlog
 
 from disque.jobs.job import ACTIVE, F_DUMMY, F_RELOADED, JOB_MEMORY, QUEUED, Job
 from disque.overflow.record import pack_job, unpack_job
-from disque.overflow.store import OverflowFull, OverflowStore, Row
+from disque.overflow.store import OverflowFull, OverflowStore, Row, fingerprint
 from disque.queues.queue import PAUSE_OUT, Queue
 from disque.state import NodeState
 from disque.timers import Timer
@@ -203,7 +203,7 @@ class Overflow:
             # a queued job wakes only to expire: its requeue time is pushed forward when
             # it is back (a queued job's timer does nothing else)
             rows.append((job.id, queue, job.ctime, job.etime, b"".join(job.delivered),
-                         _copyable(job), pack_job(job)))
+                         _copyable(job), pack_job(job), _fingerprint(job)))
         if not self._put(rows, now):
             for job in jobs:
                 q.jobs.add(job)
@@ -239,7 +239,7 @@ class Overflow:
             return 0
         next_wake = state.next_wake
         rows: list[Row] = [(job.id, b"", job.ctime, next_wake(job), b"".join(job.delivered),
-                            _copyable(job), pack_job(job)) for job in jobs]
+                            _copyable(job), pack_job(job), _fingerprint(job)) for job in jobs]
         if not self._put(rows, now):
             return -1
         self._forget(jobs)
@@ -299,6 +299,24 @@ class Overflow:
             return
         state.schedule_job(job)
         self.moved(job)
+
+    def came_from(self) -> tuple[int, int]:
+        """The segments (lowest ID, highest ID) the jobs back last came from: a `moved`
+        callback for a job back from disk reads it (re-replication's walk of the disk)."""
+        store = self.store
+        return store.took if store is not None else (0, 0)
+
+    def holds(self, job_id: bytes, delivered: tuple[bytes, ...]) -> bool:
+        """Whether the job is on disk listing the nodes of `delivered`, no more and no
+        less: a copy received again that lists them merges to nothing (no read)."""
+        store = self.store
+        return store is not None and store.holds(job_id, fingerprint(delivered))
+
+    def get(self, job_id: bytes) -> Job | None:
+        """A copy of the job read from disk, left there (not registered: to send it)."""
+        store = self.store
+        data = store.get(job_id) if store is not None else None
+        return unpack_job(data) if data is not None else None
 
     def fault_in(self, job_id: bytes) -> Job | None:
         """The job with this ID back from disk, or None if it is not there."""
@@ -405,6 +423,13 @@ def _copyable(job: Job) -> int:
     """1 if re-replication and repair may copy the job (at-least-once, not a dummy ACK nor
     a copy reloaded from the AOF that no holder confirmed yet)."""
     return 1 if job.retry and not job.flags & (F_DUMMY | F_RELOADED) else 0
+
+
+def _fingerprint(job: Job) -> int:
+    """Its listed nodes' fingerprint; 0 for a job a copy received again must read to merge
+    (a copy reloaded from the AOF: that copy confirms it; an at-most-once job, not
+    copyable, is rare enough to be read)."""
+    return fingerprint(job.delivered) if _copyable(job) else 0
 
 
 def _in_memory(q: Queue) -> int:

@@ -11,7 +11,7 @@ from disque.jobs.deadletter import DeadLetter
 from disque.jobs.job import ACKED, ACTIVE, QUEUED, Job
 from disque.overflow import KEEP
 from disque.overflow.record import pack_job, unpack_job
-from disque.overflow.store import OverflowFull, OverflowStore
+from disque.overflow.store import OverflowFull, OverflowStore, fingerprint
 from tests.unit.test_node import Sim
 
 BODY = b"x" * 1000
@@ -62,7 +62,7 @@ def test_the_store_takes_by_id_by_queue_order_and_by_wake_time(tmp_path: Path) -
     store = OverflowStore(str(tmp_path / "s.db"))
     rows = [(b"id%d" % i, b"q" if i % 2 else b"r", 1000 - i, 500 + i,
              b"A" * 40 + (b"B" * 40 if i % 3 == 0 else b""), int(i % 5 != 4),
-             pack_job(_job(b"id%d" % i))) for i in range(10)]
+             pack_job(_job(b"id%d" % i)), 0) for i in range(10)]
     store.put(rows)
     assert store.jobs == 10 and store.bytes == sum(len(r[6]) for r in rows)
     assert store.chunks == 2  # one segment per queue
@@ -88,7 +88,7 @@ def test_the_store_takes_by_id_by_queue_order_and_by_wake_time(tmp_path: Path) -
 
 def test_a_job_taken_by_id_does_not_come_back_with_its_segment(tmp_path: Path) -> None:
     store = OverflowStore(str(tmp_path / "s.db"))
-    rows = [(b"j%d" % i, b"q", i, 10**9, b"", 1, pack_job(_job(b"j%d" % i)))
+    rows = [(b"j%d" % i, b"q", i, 10**9, b"", 1, pack_job(_job(b"j%d" % i)), 0)
             for i in range(1200)]  # three segments
     store.put(rows)
     assert store.chunks == 3
@@ -102,13 +102,33 @@ def test_a_job_taken_by_id_does_not_come_back_with_its_segment(tmp_path: Path) -
     assert store.jobs == 176
 
 
+def test_the_store_reads_a_job_in_place_and_knows_its_listed_nodes(tmp_path: Path) -> None:
+    # re-replication sends a job from disk (`get`); a copy received again that lists the
+    # same nodes is known held without a read (`holds`)
+    store = OverflowStore(str(tmp_path / "s.db"))
+    a, b = b"A" * 40, b"B" * 40
+    rows = [(b"j%d" % i, b"q", i, 10**9, a + b, 1, pack_job(_job(b"j%d" % i)),
+             fingerprint((a, b)) if i else 0) for i in range(600)]  # two segments
+    store.put(rows)
+    assert store.get(b"j7") == rows[7][6] and store.get(b"j7") == rows[7][6]  # left there
+    assert store.jobs == 600 and store.get(b"nope") is None
+    assert store.holds(b"j7", fingerprint((b, a)))  # the same set, in any order
+    assert not store.holds(b"j7", fingerprint((a,))) and not store.holds(b"nope", 1)
+    assert not store.holds(b"j0", fingerprint((a, b)))  # 0: read to merge (not copyable)
+    store.take(b"j7")
+    assert not store.holds(b"j7", fingerprint((a, b))) and store.get(b"j7") is None
+    store.take_oldest(b"q", 10)  # the first segment back whole: its entries are stale
+    assert not store.holds(b"j8", fingerprint((a, b))) and store.get(b"j8") is None
+    assert store.holds(b"j599", fingerprint((a, b)))
+
+
 def _job(job_id: bytes) -> Job:
     return Job(job_id, b"q", b"body", 1, 1, 2, 0, 1, ())
 
 
 def test_a_full_store_refuses_the_whole_batch(tmp_path: Path) -> None:
     store = OverflowStore(str(tmp_path / "s.db"), max_bytes=256 * 1024)
-    big = [(b"id%d" % i, b"q", i, i, b"", 1, b"z" * 4000) for i in range(200)]
+    big = [(b"id%d" % i, b"q", i, i, b"", 1, b"z" * 4000, 0) for i in range(200)]
     with pytest.raises(OverflowFull):
         store.put(big)
     assert store.jobs == 0 and store.take_oldest(b"q", 10) == ([], 0)
@@ -122,7 +142,7 @@ def test_the_store_file_is_deleted_when_it_opens(tmp_path: Path) -> None:
     path.write_bytes(b"a torn file from a killed node")
     store = OverflowStore(str(path))
     data = pack_job(_job(b"a"))
-    store.put([(b"a", b"q", 1, 1, b"", 1, data)])
+    store.put([(b"a", b"q", 1, 1, b"", 1, data, 0)])
     assert store.take(b"a") == data
 
 
@@ -219,7 +239,7 @@ def test_an_emptied_store_starts_a_new_file_and_segment_ids_go_on(tmp_path: Path
     # (deleting millions of stale ID entries in one transaction held their pages in the
     # in-memory journal: RSS 1.7x maxmemory at the end of a 5-million-job drain)
     store = OverflowStore(str(tmp_path / "s.db"))
-    rows = [(b"j%d" % i, b"q", i, 10**9, b"", 1, pack_job(_job(b"j%d" % i)))
+    rows = [(b"j%d" % i, b"q", i, 10**9, b"", 1, pack_job(_job(b"j%d" % i)), 0)
             for i in range(3000)]
     store.put(rows)
     big = store.file_bytes()

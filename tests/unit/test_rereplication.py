@@ -389,6 +389,8 @@ def on_disk_rig(tmp_path, n: int = 40) -> tuple[Rig, list[bytes]]:  # type: igno
 
 
 def test_a_restarted_holder_gets_its_copies_on_disk_again(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # sent from disk as they are: reading each back to memory (and writing it out again)
+    # made a refill of a node with overflow on cost more than the writes it competed with
     r, jids = on_disk_rig(tmp_path)
     r.ping_from(A, 1)
     r.cron()
@@ -397,11 +399,13 @@ def test_a_restarted_holder_gets_its_copies_on_disk_again(tmp_path) -> None:  # 
     for _ in range(20):
         sent |= {j for to, j in repljobs(r.cron()) if to == A}
     assert sent == set(jids)
+    assert r.node.on_disk == len(jids) and all(r.node.jobs.get(j) is None for j in jids)
 
 
-def test_a_recheck_that_brings_jobs_back_from_disk_does_not_break_the_tick(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_recheck_sends_jobs_on_disk_without_bringing_them_back(tmp_path) -> None:  # type: ignore[no-untyped-def]
     # (the simulation with overflow on: a job brought back by a recheck queued more
-    # rechecks while they were being walked, RuntimeError in the cluster cron)
+    # rechecks while they were being walked, RuntimeError in the cluster cron; and each
+    # job brought back while a walk went on was rechecked and sent again)
     r, jids = on_disk_rig(tmp_path)
     rr = r.node.rereplication
     r.ping_from(A, 1)
@@ -412,5 +416,42 @@ def test_a_recheck_that_brings_jobs_back_from_disk_does_not_break_the_tick(tmp_p
     for j in jids:
         rr.rechecks[(A, j)] = None
     rr._recheck(r.now, 1000)
-    assert all(r.node.jobs.get(j) is not None for j in jids)
-    assert set(rr.rechecks) == {(B, j) for j in jids}  # B's, for its walk
+    assert {j for to, j in repljobs(r.node.out) if to == A} == set(jids)
+    assert r.node.on_disk == len(jids) and not rr.rechecks
+
+
+def test_a_job_back_from_disk_is_rechecked_only_where_the_disk_walk_missed_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    r, jids = on_disk_rig(tmp_path, 1200)  # three segments
+    rr = r.node.rereplication
+    count = r.node.jobs.shard_count()
+    rr.cursors[A] = count + 1  # walked segment 1 of 1..3
+    rr.disk_ends[A] = 2  # segment 3 went to disk after the walk of the disk began
+    rr.cursors[B] = count  # B's walk of the disk has not begun
+    node = r.node
+    segment = {1: [], 2: [], 3: []}  # type: dict[int, list[bytes]]
+    for j in jids:
+        chunk = node.overflow.store.db.execute(  # type: ignore[union-attr]
+            "SELECT chunk FROM ids WHERE h = ?", (hash(j),)).fetchone()[0]
+        segment[chunk].append(j)
+    for ids in segment.values():
+        node.lookup_job(ids[0])  # a GETJOB, an ACK, a SHOW...
+    assert set(rr.rechecks) == {(A, segment[2][0])} | {(B, segment[c][0]) for c in (1, 2, 3)}
+
+
+def test_a_copy_received_again_for_a_job_on_disk_merges_without_a_read(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # every holder of a job sends it to a refilled node: the second copy found the first
+    # on disk and read it back to merge nothing (two thirds of the refilled node's time)
+    r, jids = on_disk_rig(tmp_path, 3)
+    node = r.node
+    copy = node.disk_job(jids[0])
+    assert copy is not None and set(copy.delivered) == {A, B, ME}
+    rec = job_record(copy, r.now)
+    node.on_message(B, ReplJob(Header(B, b"", 7711, 17711, 0), rec, False))
+    assert [type(m).__name__ for _, m in node.out] == ["GotJob"]
+    assert node.on_disk == 3 and node.jobs.get(jids[0]) is None  # answered, not read
+    node.out = []
+    C = b"c" * 40
+    copy.delivered = (A, B, C)  # a node more: read back and merged
+    node.on_message(B, ReplJob(Header(B, b"", 7711, 17711, 0), job_record(copy, r.now), False))
+    back = node.jobs.get(jids[0])
+    assert back is not None and set(back.delivered) == {A, B, C, ME} and node.on_disk == 2
