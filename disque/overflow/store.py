@@ -54,7 +54,10 @@ from typing import Any
 import msgpack
 
 CACHE_KIB = 8192  # SQLite's page cache, KiB
-CHUNK = 512  # jobs per segment at most
+# jobs per segment at most: a segment's data is one blob on a chain of overflow pages that a
+# read by ID walks from its start (a job read alone: 14,800/s at 512, 33,800/s at 64; writes
+# 4% slower)
+CHUNK = 64
 SWEEP_SLICES = 1024  # a sweep of stale ID entries covers 1/SWEEP_SLICES of the hash space
 
 _SCHEMA = (

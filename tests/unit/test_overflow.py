@@ -11,7 +11,7 @@ from disque.jobs.deadletter import DeadLetter
 from disque.jobs.job import ACKED, ACTIVE, QUEUED, Job
 from disque.overflow import KEEP
 from disque.overflow.record import pack_job, unpack_job
-from disque.overflow.store import OverflowFull, OverflowStore, fingerprint
+from disque.overflow.store import CHUNK, OverflowFull, OverflowStore, fingerprint
 from tests.unit.test_node import Sim
 
 BODY = b"x" * 1000
@@ -88,18 +88,19 @@ def test_the_store_takes_by_id_by_queue_order_and_by_wake_time(tmp_path: Path) -
 
 def test_a_job_taken_by_id_does_not_come_back_with_its_segment(tmp_path: Path) -> None:
     store = OverflowStore(str(tmp_path / "s.db"))
+    n = 2 * CHUNK + CHUNK // 2  # three segments
     rows = [(b"j%d" % i, b"q", i, 10**9, b"", 1, pack_job(_job(b"j%d" % i)), 0)
-            for i in range(1200)]  # three segments
+            for i in range(n)]
     store.put(rows)
     assert store.chunks == 3
     assert store.take(b"j5") == rows[5][6]
     nxt, first = store.scan(0, 10)
-    assert nxt == 1 and len(first) == 511  # the first segment but j5
+    assert nxt == 1 and len(first) == CHUNK - 1  # the first segment but j5
     _, rest = store.scan(nxt, 10_000)
-    assert len(rest) == 688
-    back = store.take_oldest(b"q", 600)[0]
-    assert len(back) == 1023 and rows[5][6] not in back
-    assert store.jobs == 176
+    assert len(rest) == n - CHUNK
+    back = store.take_oldest(b"q", CHUNK + 1)[0]
+    assert len(back) == 2 * CHUNK - 1 and rows[5][6] not in back
+    assert store.jobs == n - 2 * CHUNK
 
 
 def test_the_store_reads_a_job_in_place_and_knows_its_listed_nodes(tmp_path: Path) -> None:
@@ -247,5 +248,6 @@ def test_an_emptied_store_starts_a_new_file_and_segment_ids_go_on(tmp_path: Path
     assert store.jobs == 0 and store.file_bytes() < big // 4
     store.put(rows[:10])
     assert store.scan(0, 100)[1] == [r[6] for r in rows[:10]]
-    assert store.db.execute("SELECT id FROM chunks").fetchone()[0] == 7  # after 6 segments
+    segments = -(-3000 // CHUNK)
+    assert store.db.execute("SELECT id FROM chunks").fetchone()[0] == segments + 1
     assert store.take(b"j3") == rows[3][6] and store.take(b"j2999") is None

@@ -27,6 +27,7 @@ from disque.cluster.rereplication import (
     SKEW_MS,
 )
 from disque.jobs.job import ACKED, F_RELOADED
+from disque.overflow.store import CHUNK
 from tests.unit.noderig import ME, T0, NodeRig
 
 A, B = (bytes([c]) * 40 for c in b"ab")
@@ -421,21 +422,24 @@ def test_a_recheck_sends_jobs_on_disk_without_bringing_them_back(tmp_path) -> No
 
 
 def test_a_job_back_from_disk_is_rechecked_only_where_the_disk_walk_missed_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    r, jids = on_disk_rig(tmp_path, 1200)  # three segments
-    rr = r.node.rereplication
-    count = r.node.jobs.shard_count()
-    rr.cursors[A] = count + 1  # walked segment 1 of 1..3
-    rr.disk_ends[A] = 2  # segment 3 went to disk after the walk of the disk began
-    rr.cursors[B] = count  # B's walk of the disk has not begun
+    r, jids = on_disk_rig(tmp_path, 3 * CHUNK)
     node = r.node
-    segment = {1: [], 2: [], 3: []}  # type: dict[int, list[bytes]]
+    store = node.overflow.store
+    assert store is not None
+    segment: dict[int, list[bytes]] = {}
     for j in jids:
-        chunk = node.overflow.store.db.execute(  # type: ignore[union-attr]
-            "SELECT chunk FROM ids WHERE h = ?", (hash(j),)).fetchone()[0]
-        segment[chunk].append(j)
-    for ids in segment.values():
-        node.lookup_job(ids[0])  # a GETJOB, an ACK, a SHOW...
-    assert set(rr.rechecks) == {(A, segment[2][0])} | {(B, segment[c][0]) for c in (1, 2, 3)}
+        chunk = store.db.execute("SELECT chunk FROM ids WHERE h = ?", (hash(j),)).fetchone()[0]
+        segment.setdefault(chunk, []).append(j)
+    s1, s2, s3 = sorted(segment)[:3]
+    rr = node.rereplication
+    count = node.jobs.shard_count()
+    rr.cursors[A] = count + s1  # walked up to s1
+    rr.disk_ends[A] = s2  # s3 went to disk after the walk of the disk began
+    rr.cursors[B] = count  # B's walk of the disk has not begun
+    for seg in (s1, s2, s3):
+        node.lookup_job(segment[seg][0])  # a GETJOB, an ACK, a SHOW...
+    assert set(rr.rechecks) == ({(A, segment[s2][0])}
+                                | {(B, segment[c][0]) for c in (s1, s2, s3)})
 
 
 def test_a_copy_received_again_for_a_job_on_disk_merges_without_a_read(tmp_path) -> None:  # type: ignore[no-untyped-def]
