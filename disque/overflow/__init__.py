@@ -128,6 +128,7 @@ class Overflow:
             return
         if state.mem_used > state.spill_at and now >= self.full_until:
             self.spill(now)
+        store.merge_step()
         if store.jobs and now - self._last_expire >= EXPIRE_PERIOD:
             self._last_expire = now
             self.wake_due(now)
@@ -428,8 +429,10 @@ def _copyable(job: Job) -> int:
 def _fingerprint(job: Job) -> int:
     """Its listed nodes' fingerprint; 0 for a job a copy received again must read to merge
     (a copy reloaded from the AOF: that copy confirms it; an at-most-once job, not
-    copyable, is rare enough to be read)."""
-    return fingerprint(job.delivered) if _copyable(job) else 0
+    copyable, is rare enough to be read) and for a job only this node holds (no other
+    holder sends it: 8 bytes less in the ID index, whose size is what a spill costs, 12%
+    of the writes' rate at a million jobs)."""
+    return fingerprint(job.delivered) if len(job.delivered) > 1 and _copyable(job) else 0
 
 
 def _in_memory(q: Queue) -> int:

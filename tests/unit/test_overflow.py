@@ -10,8 +10,15 @@ import pytest
 from disque.jobs.deadletter import DeadLetter
 from disque.jobs.job import ACKED, ACTIVE, QUEUED, Job
 from disque.overflow import KEEP
+from disque.overflow import store as store_module
 from disque.overflow.record import pack_job, unpack_job
-from disque.overflow.store import CHUNK, OverflowFull, OverflowStore, fingerprint
+from disque.overflow.store import (
+    CHUNK,
+    SWEEP_SLICES,
+    OverflowFull,
+    OverflowStore,
+    fingerprint,
+)
 from tests.unit.test_node import Sim
 
 BODY = b"x" * 1000
@@ -121,6 +128,47 @@ def test_the_store_reads_a_job_in_place_and_knows_its_listed_nodes(tmp_path: Pat
     store.take_oldest(b"q", 10)  # the first segment back whole: its entries are stale
     assert not store.holds(b"j8", fingerprint((a, b))) and store.get(b"j8") is None
     assert store.holds(b"j599", fingerprint((a, b)))
+
+
+def test_new_id_entries_move_to_the_index_in_slices_and_stay_found(tmp_path: Path,
+                                                                   monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # (each random insert into an index larger than SQLite's cache wrote a page per job)
+    monkeypatch.setattr(store_module, "MERGE_AT", 100)
+    store = OverflowStore(str(tmp_path / "s.db"))
+    a = b"A" * 40
+    rows = [(b"j%d" % i, b"q", i, 10**9, a, 1, pack_job(_job(b"j%d" % i)), 7)
+            for i in range(300)]
+    store.put(rows[:50])
+    store.merge_step()
+    assert store.fresh == 50  # under MERGE_AT: nothing moves
+    store.put(rows[50:])
+    assert store.take(b"j3") == rows[3][6] and store.fresh == 299
+    for step in range(store_module.MERGE_SLICES):
+        store.merge_step()
+        if step == 7:  # half way: every job found in one table or the other
+            assert all(store.get(b"j%d" % i) == rows[i][6] for i in range(4, 300, 7))
+            assert store.holds(b"j10", 7) and not store.holds(b"j3", 7)
+    assert store.fresh == 0
+    count = store.db.execute("SELECT count(*) FROM ids").fetchone()[0]
+    assert count == 299 and store.take(b"j299") == rows[299][6]
+    assert store.holds(b"j298", 7) and store.get(b"j3") is None
+
+
+def test_a_sweep_covers_the_whole_hash_space(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # (the last slice's end was 2**63, no SQLite integer: OverflowError out of the timer)
+    monkeypatch.setattr(store_module, "MERGE_AT", 1)
+    monkeypatch.setattr(store_module, "SWEEP_SLACK", 0)  # (each pass to its last slice)
+    store = OverflowStore(str(tmp_path / "s.db"))
+    n = 40_000
+    store.put([(b"j%d" % i, b"q", i, 10**9, b"", 1, pack_job(_job(b"j%d" % i)), 0)
+               for i in range(n)] + [(b"keep", b"r", 0, 10**9, b"", 1, b"x", 0)])
+    for _ in range(store_module.MERGE_SLICES):
+        store.merge_step()
+    assert len(store.take_oldest(b"q", n)[0]) == n and store.stale == n
+    for _ in range(SWEEP_SLICES):
+        store.sweep()
+    assert store.stale == 0
+    assert store.db.execute("SELECT count(*) FROM ids").fetchone()[0] == 1
 
 
 def _job(job_id: bytes) -> Job:
