@@ -283,8 +283,9 @@ class OverflowStore:
         if not self.jobs and not self.chunks and self.stale:
             self._reset()  # every ID entry is stale: all at once
 
-    def _find(self, job_id: bytes) -> tuple[int, int, int, bytes] | None:
-        """Where a job is (segment, place, length) and its data, or None."""
+    def _find(self, job_id: bytes) -> tuple[int, int, int, bytes, str] | None:
+        """Where a job is (segment, place, length), its data and the table of its ID
+        entry, or None."""
         db = self.db
         h = hash(job_id)
         table = "ids_new"
@@ -306,7 +307,7 @@ class OverflowStore:
         # (the record's first field is the job ID: a hash shared with another job's)
         if _unpackb(data, use_list=False)[0] != job_id:
             return None
-        return chunk, pos, n, data
+        return chunk, pos, n, data, table
 
     def get(self, job_id: bytes) -> bytes | None:
         """One job's data by ID, left on disk; None when it is not here."""
@@ -328,16 +329,14 @@ class OverflowStore:
         found = self._find(job_id)
         if found is None:
             return None
-        chunk, pos, n, data = found
+        chunk, pos, n, data, table = found
         db = self.db
-        h = hash(job_id)
         db.execute("BEGIN")
-        if db.execute("DELETE FROM ids_new WHERE h = ?", (h,)).rowcount > 0:
+        db.execute(f"DELETE FROM {table} WHERE h = ?", (hash(job_id),))
+        if table == "ids_new":
             self.fresh = max(0, self.fresh - 1)
-        else:
-            db.execute("DELETE FROM ids WHERE h = ?", (h,))
-        count = db.execute("SELECT count FROM chunks WHERE id = ?", (chunk,)).fetchone()[0]
-        gone = db.execute("SELECT count(*) FROM taken WHERE chunk = ?", (chunk,)).fetchone()[0]
+        count, gone = db.execute("SELECT count, (SELECT count(*) FROM taken WHERE chunk = ?)"
+                                 " FROM chunks WHERE id = ?", (chunk, chunk)).fetchone()
         if gone + 1 >= count:  # its last job: the segment goes
             db.execute("DELETE FROM taken WHERE chunk = ?", (chunk,))
             db.execute("DELETE FROM chunks WHERE id = ?", (chunk,))
