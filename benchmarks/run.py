@@ -27,7 +27,8 @@ Scenarios (pick with `--only`):
   `used_memory` and `used_memory_rss` over the empty node, per job (and the same for a fresh
   redis-server list, for scale).
 - overflow: a backlog 5x larger than maxmemory with `overflow yes`, produced then drained
-  in order, against the same load in memory (benchmarks/overflow.py).
+  in order, against the same load in memory; then 3 nodes, REPLICATE 3, with a kill -9 and
+  restart halfway, against the same 3 nodes in memory (benchmarks/overflow.py).
 - spark: rows/s of `disque.spark.write_jobs`, the `disque` data source and the plain client's
   pipelined add_jobs from a local[2] Spark job into 3 fresh nodes, REPLICATE 1 and 3
   (benchmarks/spark_bench.py).
