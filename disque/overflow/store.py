@@ -21,10 +21,11 @@ once the index outgrows SQLite's cache. So new entries go first to `ids_new`, a 
 SQLite's temporary database, kept in memory; once it holds MERGE_AT entries they move to
 `ids` in key order, 1/MERGE_SLICES of the hash space per step (`merge_step`), so each page
 of `ids` takes many entries for one write (store writes 2.4x faster at a million jobs;
-~5 MB of memory). A lookup reads `ids_new` first. An `ids` entry is not deleted when the segment comes back whole (an entry whose segment is
-gone is stale: a lookup finds no segment and removes it), and the stale entries are swept
-in the background (`sweep`, one slice of the hash space at a time) once they outnumber the
-live ones, and all at once whenever the store is empty (a new file, see `_reset`).
+~5 MB of memory). A lookup reads `ids_new` first. An entry is not deleted when its segment
+comes back whole (an entry whose segment is gone is stale: a lookup skips it), and the stale
+entries are swept in the background (`sweep`, one slice of the hash space at a time) once
+they outnumber the live ones, and all at once whenever the store is empty (a new file, see
+`_reset`).
 
 Why SQLite rather than hand-written segment files: a job on disk must be found by ID, by
 queue order and by wake time, within a memory budget, consistently after a failed write:
@@ -283,27 +284,28 @@ class OverflowStore:
         if not self.jobs and not self.chunks and self.stale:
             self._reset()  # every ID entry is stale: all at once
 
+    def _entry(self, h: int) -> tuple[int, int, int, int, int, str] | None:
+        """The live ID entry of hash h (segment, place, offset, length, fingerprint, and
+        the table holding it: ids_new first), or None. An entry whose segment came back
+        whole is stale and skipped (the sweep removes it)."""
+        for table in ("ids_new", "ids"):
+            row = self.db.execute(f"SELECT i.chunk, i.pos, i.off, i.len, i.fp FROM {table} AS i,"
+                                  " chunks WHERE i.h = ? AND chunks.id = i.chunk", (h,)).fetchone()
+            if row is not None:
+                chunk, pos, off, n, fp = row
+                return chunk, pos, off, n, fp, table
+        return None
+
     def _find(self, job_id: bytes) -> tuple[int, int, int, bytes, str] | None:
         """Where a job is (segment, place, length), its data and the table of its ID
         entry, or None."""
-        db = self.db
-        h = hash(job_id)
-        table = "ids_new"
-        row = db.execute("SELECT chunk, pos, off, len FROM ids_new WHERE h = ?", (h,)).fetchone()
-        if row is None:
-            table = "ids"
-            row = db.execute("SELECT chunk, pos, off, len FROM ids WHERE h = ?", (h,)).fetchone()
-            if row is None:
-                return None
-        chunk, pos, off, n = row
-        try:
-            with db.blobopen("chunks", "data", chunk, readonly=True) as blob:
-                blob.seek(off)
-                data = blob.read(n)
-        except sqlite3.OperationalError:  # the segment is gone: a stale entry
-            db.execute(f"DELETE FROM {table} WHERE h = ?", (h,))
-            self.stale = max(0, self.stale - 1)
+        entry = self._entry(hash(job_id))
+        if entry is None:
             return None
+        chunk, pos, off, n, _, table = entry
+        with self.db.blobopen("chunks", "data", chunk, readonly=True) as blob:
+            blob.seek(off)
+            data = blob.read(n)
         # (the record's first field is the job ID: a hash shared with another job's)
         if _unpackb(data, use_list=False)[0] != job_id:
             return None
@@ -316,13 +318,8 @@ class OverflowStore:
 
     def holds(self, job_id: bytes, fp: int) -> bool:
         """Whether the job is here listing the nodes `fp` stands for (`fingerprint`)."""
-        h = hash(job_id)
-        row = self.db.execute("SELECT i.fp FROM ids_new AS i, chunks WHERE i.h = ? AND"
-                              " chunks.id = i.chunk", (h,)).fetchone()
-        if row is None:
-            row = self.db.execute("SELECT i.fp FROM ids AS i, chunks WHERE i.h = ? AND"
-                                  " chunks.id = i.chunk", (h,)).fetchone()
-        return row is not None and row[0] == fp
+        entry = self._entry(hash(job_id))
+        return entry is not None and entry[4] == fp
 
     def take(self, job_id: bytes) -> bytes | None:
         """Remove one job by ID; its data, or None when it is not here."""
