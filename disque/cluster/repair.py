@@ -329,7 +329,11 @@ class Repair:
                 if short <= 0 or (urgent and counted > 1):
                     continue
                 if job_id in pending:
-                    continue  # a repair of it is under way
+                    # a repair of it is under way (its copies counted) and it is still
+                    # short (the urgent walk's one copy): the next walk makes the rest
+                    if not urgent:
+                        deferred.add(job_id)
+                    continue
                 if not urgent and len(live) > 1 and job_id not in deferred_seen and \
                         myself in live and min(live, key=lambda n: rank(n, job_id)) != myself:
                     # another reachable holder ranks first and copies it; this node
