@@ -162,7 +162,7 @@ class Node(NodeState):
         return self.overflow.get(job_id)
 
     def disk_listing(self, after: int, n: int, nodes: Collection[bytes],
-                     end: int) -> tuple[int, list[bytes]]:
+                     end: int) -> tuple[int, list[tuple[bytes, bytes]]]:
         return self.overflow.scan_listing(after, n, nodes, end)
 
     def disk_last(self) -> int:

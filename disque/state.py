@@ -179,10 +179,11 @@ class NodeState:
         raise NotImplementedError
 
     def disk_listing(self, after: int, n: int, nodes: Collection[bytes],
-                     end: int) -> tuple[int, list[bytes]]:
-        """Of n jobs on disk past segment `after` up to segment `end`, the IDs of the
-        at-least-once ones that list any of `nodes`, and the segment to go on after (0: the
-        end): the walks of re-replication and repair over the disk (disque.overflow)."""
+                     end: int) -> tuple[int, list[tuple[bytes, bytes]]]:
+        """Of n jobs on disk past segment `after` up to segment `end`, the at-least-once
+        ones that list any of `nodes` (each its ID and its listed nodes' IDs,
+        concatenated), and the segment to go on after (0: the end): the walks of
+        re-replication and repair over the disk (disque.overflow)."""
         raise NotImplementedError
 
     def disk_last(self) -> int:

@@ -310,7 +310,7 @@ class Rereplication:
                 looked += DISK_STEP // DISK_WEIGHT  # (rows read by SQLite: cheaper)
                 # walked: the jobs it brings back below are not looked at again (came_back)
                 self.cursors[target] = count + (after or end)
-                for job_id in found:
+                for job_id, _ in found:
                     if (target, job_id) not in inflight:
                         back = self._job(job_id)
                         if back is not None and wanted(back, target):

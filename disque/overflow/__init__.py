@@ -380,10 +380,10 @@ class Overflow:
         return nxt, [unpack_job(d) for d in datas]
 
     def scan_listing(self, after: int, count: int, nodes: Collection[bytes],
-                     end: int) -> tuple[int, list[bytes]]:
-        """The walks of re-replication and repair over the disk: the IDs of the copyable
-        jobs listing any of `nodes` among `count` jobs past segment `after`, up to segment
-        `end` (the store's scan_listing)."""
+                     end: int) -> tuple[int, list[tuple[bytes, bytes]]]:
+        """The walks of re-replication and repair over the disk: the copyable jobs (ID,
+        listed nodes' IDs concatenated) listing any of `nodes` among `count` jobs past
+        segment `after`, up to segment `end` (the store's scan_listing)."""
         if self.store is None:
             return 0, []
         return self.store.scan_listing(after, count, nodes, end)

@@ -425,11 +425,11 @@ class OverflowStore:
         return (rows[-1][0] if nxt is not None else 0), self._jobs_of(rows)
 
     def scan_listing(self, after: int, n: int, nodes: Collection[bytes],
-                     end: int) -> tuple[int, list[bytes]]:
+                     end: int) -> tuple[int, list[tuple[bytes, bytes]]]:
         """Walk the segments past segment `after`, up to segment `end` (about n jobs): the
-        IDs of the copyable jobs that list any of `nodes`, and the segment to go on after
-        (0: the end)."""
-        ids: list[bytes] = []
+        copyable jobs that list any of `nodes` (each its ID and its listed nodes' IDs,
+        concatenated), and the segment to go on after (0: the end)."""
+        ids: list[tuple[bytes, bytes]] = []
         jobs = 0
         last = after
         for chunk, count, meta in self.db.execute(
@@ -439,7 +439,7 @@ class OverflowStore:
                 return last, ids
             for job_id, listed, copyable in _unpackb(meta, use_list=False):
                 if copyable and any(node in listed for node in nodes):
-                    ids.append(job_id)
+                    ids.append((job_id, listed))
             jobs += count
             last = chunk
         return 0, ids

@@ -78,9 +78,11 @@ def test_the_store_takes_by_id_by_queue_order_and_by_wake_time(tmp_path: Path) -
     assert store.take(b"nope") is None
     # the walks: copyable jobs listing a node, segment after segment (id3, back in memory,
     # may still be named: the walk looks it up there)
-    assert sorted(store.scan_listing(0, 100, [b"B" * 40], 2)[1]) == [b"id0", b"id3", b"id6"]
+    found = store.scan_listing(0, 100, [b"B" * 40], 2)[1]
+    assert sorted(found) == [(b"id%d" % i, b"A" * 40 + b"B" * 40) for i in (0, 3, 6)]
     assert store.scan_listing(0, 1, [b"A" * 40], 2)[0] == 1  # one segment, then go on
-    assert sorted(store.scan_listing(0, 100, [b"B" * 40], 1)[1]) == [b"id0", b"id6"]  # to `end`
+    found = store.scan_listing(0, 100, [b"B" * 40], 1)[1]
+    assert sorted(j for j, _ in found) == [b"id0", b"id6"]  # to `end`
     # queue order: a whole segment, oldest first (q: ids 9,7,5,1 by ctime; 3 was taken)
     got, nxt = store.take_oldest(b"q", 2)
     assert got == [rows[i][6] for i in (9, 7, 5, 1)] and nxt == 0
