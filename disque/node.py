@@ -70,7 +70,7 @@ from disque.jobs.job import (
 from disque.jobs.restore import restore_job
 from disque.latency import EXPIRE_CYCLE, LatencyMonitor
 from disque.memory import Memory
-from disque.overflow import Overflow
+from disque.overflow.spill import Overflow
 from disque.protocol.errors import CommandError, err, leaving
 from disque.queues.queue import PAUSE_IN, PAUSE_OUT, Queue
 from disque.queues.waiting import Waiter, Waiting

@@ -9,9 +9,9 @@ import pytest
 
 from disque.jobs.deadletter import DeadLetter
 from disque.jobs.job import ACKED, ACTIVE, QUEUED, Job
-from disque.overflow import KEEP
 from disque.overflow import store as store_module
 from disque.overflow.record import pack_job, unpack_job
+from disque.overflow.spill import KEEP
 from disque.overflow.store import (
     CHUNK,
     SWEEP_SLICES,
