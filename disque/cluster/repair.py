@@ -278,16 +278,15 @@ class Repair:
         """Look at the next shards' jobs (as the last tick saw the cluster: `view`),
         copying those this node repairs: the budget left. The `urgent` walk copies only
         the jobs of which this node holds the one copy counted."""
-        linked, alive, spared, stale = self.view
+        linked, _, _, stale = self.view
         node = self.node
         jobs = node.jobs
         count = jobs.shard_count()
-        myself = node.myself
         pending = self.pending
         deferred = self.deferred
-        deferred_seen = self.deferred_seen
         # restarted nodes this node's re-replication is still refilling, and its copies
-        # sent but not confirmed: not counted as holders of those jobs yet
+        # sent but not confirmed: not counted as holders yet (`_counted`), so they may
+        # take a copy
         refilling = self.refilling.cursors
         unconfirmed = self.refilling.inflight
         cursor = self.urgent if urgent else self.cursor
@@ -316,7 +315,7 @@ class Repair:
                 looked += DISK_STEP // DISK_WEIGHT
                 batch = []
                 for job_id, listed in found:
-                    if self._may_copy(job_id, listed, urgent):
+                    if self._may_copy(job_id, listed, urgent, lists):
                         back = node.lookup_job(job_id)
                         if back is not None:
                             batch.append(back)
@@ -329,19 +328,8 @@ class Repair:
                 if stale.isdisjoint(delivered) or (job.state != ACTIVE and job.state != QUEUED) \
                         or not job.retry or job.flags & (F_DUMMY | F_RELOADED):
                     continue
-                seen = lists.get(delivered)
-                if seen is None:
-                    live = [n for n in delivered
-                            if n == myself or (n in alive and n not in refilling)]
-                    seen = lists[delivered] = (
-                        live, len(live) + sum(1 for n in delivered if n in spared))
-                live, counted = seen
                 job_id = job.id
-                if unconfirmed and len(live) > 1:
-                    waiting = [n for n in live if (n, job_id) in unconfirmed]
-                    if waiting:
-                        live = [n for n in live if n not in waiting]
-                        counted -= len(waiting)
+                live, counted = self._counted(job_id, delivered, lists)
                 short = job.repl - counted
                 if short <= 0 or (urgent and counted > 1):
                     continue
@@ -351,11 +339,7 @@ class Repair:
                     if not urgent:
                         deferred.add(job_id)
                     continue
-                if not urgent and len(live) > 1 and job_id not in deferred_seen and \
-                        myself in live and min(live, key=lambda n: rank(n, job_id)) != myself:
-                    # another reachable holder ranks first and copies it; this node
-                    # does only if the next walk finds the job still short (that
-                    # holder may list the job without holding it)
+                if not urgent and self._left_to_another(job_id, live):
                     deferred.add(job_id)
                     continue
                 # linked nodes without a copy: not listed, or listed but restarted empty and
@@ -395,31 +379,49 @@ class Repair:
             self.cursor = cursor
         return budget
 
-    def _may_copy(self, job_id: bytes, listed: bytes, urgent: bool) -> bool:
+    def _counted(self, job_id: bytes, delivered: tuple[bytes, ...],
+                 lists: dict[tuple[bytes, ...], tuple[list[bytes], int]]
+                 ) -> tuple[list[bytes], int]:
+        """The job's reachable holders (this node, and linked holders that are not being
+        refilled by this node's re-replication nor waiting for its copy of this job) and
+        its copies counted (those, and the holders within their grace), as the last tick
+        saw the cluster (`view`). `lists` keeps the part of one walk step shared by the
+        jobs of a node list (jobs added together share one tuple)."""
+        seen = lists.get(delivered)
+        if seen is None:
+            _, alive, spared, _ = self.view
+            myself = self.node.myself
+            refilling = self.refilling.cursors
+            live = [n for n in delivered if n == myself or (n in alive and n not in refilling)]
+            seen = lists[delivered] = (live, len(live) + sum(1 for n in delivered if n in spared))
+        live, counted = seen
+        unconfirmed = self.refilling.inflight
+        if unconfirmed and len(live) > 1:
+            waiting = [n for n in live if (n, job_id) in unconfirmed]
+            if waiting:
+                live = [n for n in live if n not in waiting]
+                counted -= len(waiting)
+        return live, counted
+
+    def _left_to_another(self, job_id: bytes, live: list[bytes]) -> bool:
+        """Another reachable holder ranks first and copies the job; this node does only if
+        the next walk finds it still short (that holder may list it without holding it)."""
+        myself = self.node.myself
+        return len(live) > 1 and job_id not in self.deferred_seen and myself in live and \
+            min(live, key=lambda n: rank(n, job_id)) != myself
+
+    def _may_copy(self, job_id: bytes, listed: bytes, urgent: bool,
+                  lists: dict[tuple[bytes, ...], tuple[list[bytes], int]]) -> bool:
         """Whether `_walk` may copy a job on disk from here, by its listed nodes (IDs
         concatenated) as the disk has them: the jobs it would skip or leave to another
         holder are not read back (a read by ID costs ~30 us, and a job brought back takes
         memory the overflow then writes out again). The disk does not keep REPLICATE, so
         the jobs that may be short are read back and `_walk` decides."""
-        _, alive, spared, _ = self.view
-        myself = self.node.myself
-        refilling = self.refilling.cursors
-        unconfirmed = self.refilling.inflight
-        live = []
-        counted = 0
-        for i in range(0, len(listed), NODE_ID_LEN):
-            n = listed[i:i + NODE_ID_LEN]
-            if n == myself or (n in alive and n not in refilling
-                               and (n, job_id) not in unconfirmed):
-                live.append(n)
-                counted += 1
-            elif n in spared:
-                counted += 1
+        nodes = tuple(listed[i:i + NODE_ID_LEN] for i in range(0, len(listed), NODE_ID_LEN))
+        live, counted = self._counted(job_id, nodes, lists)
         if urgent:
             return counted <= 1
-        if job_id in self.pending or (
-                len(live) > 1 and job_id not in self.deferred_seen and myself in live
-                and min(live, key=lambda n: rank(n, job_id)) != myself):
+        if job_id in self.pending or self._left_to_another(job_id, live):
             self.deferred.add(job_id)  # (as `_walk` does)
             return False
         return True
