@@ -430,8 +430,7 @@ def _fingerprint(job: Job) -> int:
     """Its listed nodes' fingerprint; 0 for a job a copy received again must read to merge
     (a copy reloaded from the AOF: that copy confirms it; an at-most-once job, not
     copyable, is rare enough to be read) and for a job only this node holds (no other
-    holder sends it: 8 bytes less in the ID index, whose size is what a spill costs, 12%
-    of the writes' rate at a million jobs)."""
+    holder sends it: a frozenset and its hash not made for nothing)."""
     return fingerprint(job.delivered) if len(job.delivered) > 1 and _copyable(job) else 0
 
 

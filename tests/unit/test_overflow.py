@@ -17,6 +17,7 @@ from disque.overflow.store import (
     SWEEP_SLICES,
     OverflowFull,
     OverflowStore,
+    Row,
     fingerprint,
 )
 from tests.unit.test_node import Sim
@@ -183,9 +184,35 @@ def test_a_full_store_refuses_the_whole_batch(tmp_path: Path) -> None:
     with pytest.raises(OverflowFull):
         store.put(big)
     assert store.jobs == 0 and store.take_oldest(b"q", 10) == ([], 0)
-    assert store.take(b"id1") is None
+    assert store.take(b"id1") is None and store.fresh == 0  # no ID entry either
     store.put(big[:10])  # what fits still goes in
     assert store.jobs == 10
+
+
+def test_a_merge_refused_by_a_full_store_keeps_the_entries_found(tmp_path: Path,
+                                                                 monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(store_module, "MERGE_AT", 1)
+    store = OverflowStore(str(tmp_path / "s.db"), max_bytes=256 * 1024)
+    put = 0
+    with pytest.raises(OverflowFull):  # fill it up with segments
+        for k in range(10_000):
+            store.put([_row(i) for i in range(k * CHUNK, (k + 1) * CHUNK)])
+            put += CHUNK
+    with pytest.raises(OverflowFull):  # and the last pages with one job at a time
+        for i in range(put, put + 10_000):
+            store.put([_row(i)])
+            put += 1
+    assert put and store.fresh == put
+    for _ in range(store_module.MERGE_SLICES):
+        store.merge_step()  # (no page left for the index)
+    in_index = store.db.execute("SELECT count(*) FROM ids").fetchone()[0]
+    assert in_index < put and store.fresh + in_index == put
+    assert all(store.get(b"j%d" % i) == _row(i)[6] for i in range(0, put, 13))
+
+
+def _row(i: int) -> Row:
+    job_id = b"j%d" % i
+    return (job_id, b"q", i, 10**9, b"", 1, pack_job(_job(job_id)), 0)
 
 
 def test_the_store_file_is_deleted_when_it_opens(tmp_path: Path) -> None:

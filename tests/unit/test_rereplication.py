@@ -428,8 +428,9 @@ def test_a_job_back_from_disk_is_rechecked_only_where_the_disk_walk_missed_it(tm
     assert store is not None
     segment: dict[int, list[bytes]] = {}
     for j in jids:
-        chunk = store.db.execute("SELECT chunk FROM ids_new WHERE h = ? UNION ALL SELECT"
-                                 " chunk FROM ids WHERE h = ?", (hash(j), hash(j))).fetchone()[0]
+        entry = store._entry(hash(j))  # (its segment first)
+        assert entry is not None
+        chunk = entry[0]
         segment.setdefault(chunk, []).append(j)
     s1, s2, s3 = sorted(segment)[:3]
     rr = node.rereplication
