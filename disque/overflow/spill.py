@@ -346,12 +346,27 @@ class Overflow:
         if first is not None and first.ctime < q.disk_first:
             return
         datas, q.disk_first = store.take_oldest(q.name, REFILL)
-        self.state.on_disk = store.jobs
+        state = self.state
+        state.on_disk = store.jobs
         if not datas:
             q.spilled = 0
             return
-        for data in datas:
-            self._restore(unpack_job(data), q)
+        jobs = [unpack_job(data) for data in datas]
+        queued: list[Job] = []
+        for job in jobs:
+            if job.state == QUEUED:
+                queued.append(job)
+            else:  # (not this queue's any more: restored on its own)
+                self._restore(job, None)
+        queued.sort(key=_ctime)
+        for job in queued:
+            state.register(job)
+            state.schedule_job(job)
+            self.moved(job)
+        q.jobs.add_oldest(queued)
+        q.spilled = max(0, q.spilled - len(queued))
+        if q.waiters and not q.paused & PAUSE_OUT:
+            state.serve_waiters(q)  # (a client blocked on the queue meanwhile)
 
     def wake_due(self, now: int) -> None:
         """Jobs on disk whose timer is due (an expiry; an active job's requeue) come back;

@@ -122,6 +122,7 @@ class OverflowStore:
         self.written = 0  # jobs written since start
         self.read = 0  # jobs read back since start
         self.chunks = 0  # segments here now
+        self.taken = 0  # rows in the table `taken` (0: no segment has a hole to skip)
         self.stale = 0  # ID entries whose segment is gone (about)
         self._sweep = 0  # the next slice of the hash space to sweep
         # the new ID entries (hash -> place), a dict per slice of the hash space
@@ -162,7 +163,7 @@ class OverflowStore:
         with contextlib.suppress(sqlite3.Error):
             self.db.close()
         self._open(int(row[0]) if row else 0)
-        self.jobs = self.bytes = self.chunks = self.stale = self.fresh = 0
+        self.jobs = self.bytes = self.chunks = self.stale = self.fresh = self.taken = 0
         self._merge = -1
         for part in self.new:
             part.clear()
@@ -277,20 +278,24 @@ class OverflowStore:
         out: list[bytes] = []
         size = 0
         stale = 0
+        taken = self.taken
         db.execute("BEGIN")
         try:
             for row in found:
                 jobs = self._split(row)
                 out += jobs
-                size += sum(len(d) for d in jobs)
+                size += sum(map(len, jobs))
                 stale += len(jobs)
-                db.execute("DELETE FROM taken WHERE chunk = ?", (row[0],))
-                db.execute("DELETE FROM chunks WHERE id = ?", (row[0],))
+                if taken:
+                    taken -= db.execute("DELETE FROM taken WHERE chunk = ?", (row[0],)).rowcount
+            ids = [row[0] for row in found]
+            db.execute(f"DELETE FROM chunks WHERE id IN ({', '.join('?' * len(ids))})", ids)
             db.execute("COMMIT")
         except sqlite3.Error:
             with contextlib.suppress(sqlite3.Error):
                 db.execute("ROLLBACK")
             raise
+        self.taken = taken
         self.jobs -= len(out)
         self.bytes -= size
         self.read += len(out)
@@ -370,9 +375,12 @@ class OverflowStore:
             db.execute("DELETE FROM taken WHERE chunk = ?", (chunk,))
             db.execute("DELETE FROM chunks WHERE id = ?", (chunk,))
             self.chunks -= 1
+            taken = self.taken - gone
         else:
             db.execute("INSERT INTO taken VALUES (?, ?)", (chunk, pos))
+            taken = self.taken + 1
         db.execute("COMMIT")
+        self.taken = taken
         if fresh:
             del self.new[(h >> SLICE_SHIFT) + SLICE_BIAS][h]
             self.fresh -= 1
@@ -429,7 +437,7 @@ class OverflowStore:
         """The data of the jobs of a segment (id, count, lens, data) not taken already."""
         chunk, count, lens_raw, data = row
         taken = {r[0] for r in self.db.execute("SELECT pos FROM taken WHERE chunk = ?",
-                                               (chunk,))}
+                                               (chunk,))} if self.taken else set()
         lens = array("I")
         lens.frombytes(lens_raw)
         out: list[bytes] = []

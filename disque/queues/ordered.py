@@ -61,6 +61,21 @@ class OrderedJobs:
             del chunk[LOAD:]
             maxes.insert(i, chunk[-1].ctime)
 
+    def add_oldest(self, jobs: list[Job]) -> None:
+        """Add jobs sorted by ctime, all older than every job here (jobs back from disk at a
+        queue's head): whole chunks in front, no bisect per job. Otherwise one at a time."""
+        if not jobs:
+            return
+        maxes = self._maxes
+        if maxes and jobs[-1].ctime >= self._chunks[0][0].ctime:
+            for job in jobs:
+                self.add(job)
+            return
+        self._chunks[:0] = [jobs[i:i + LOAD] for i in range(0, len(jobs), LOAD)]
+        maxes[:0] = [jobs[min(i + LOAD, len(jobs)) - 1].ctime
+                     for i in range(0, len(jobs), LOAD)]
+        self.size += len(jobs)
+
     def remove(self, job: Job) -> bool:
         """Remove this exact job object; False if it is not here."""
         ct = job.ctime

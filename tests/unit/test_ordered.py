@@ -71,6 +71,16 @@ class OrderedJobsMachine(RuleBasedStateMachine):
         self._model_add(job)
         return job
 
+    @rule(backs=st.lists(st.integers(-3, 1100), max_size=12))
+    def add_oldest(self, backs):
+        # jobs back from disk, sorted: in front when all are older than the queue's head,
+        # else one at a time
+        head = self.model[0].ctime if self.model else self.clock
+        batch = [self._new(max(0, head - back)) for back in sorted(backs, reverse=True)]
+        self.q.add_oldest(batch)
+        for job in batch:
+            self._model_add(job)
+
     @rule(job=consumes(jobs))
     def remove(self, job):
         present = any(j is job for j in self.model)
