@@ -8,8 +8,9 @@ repair). A segment comes back whole: the oldest of a queue when the queue's head
 (`take_oldest`), or when its earliest wake time (an expiry, an active job's requeue) is due
 (`take_due`). One job can come back alone, by ID (`take`): an index `ids` maps a 64-bit hash
 of each job ID to its place, segment * CHUNK + position in the segment (its bytes are found
-from `lens` and read with SQLite's incremental blob I/O: only that job's), and the place is
-marked `taken` so the segment does not bring it back twice. A copy received again for a job
+from `lens` and read with SQLite's incremental blob I/O: only that job's), and its place is
+a hole of the segment (`holes`, in memory: the file is a cache, and a job taken alone then
+writes nothing) so the segment does not bring it back twice. A copy received again for a job
 on disk that lists the same nodes (re-replication sends each job from every holder) is known
 held from its entry and its segment's `fps`, without being read (`holds`); and a job is read
 by ID without being taken (`get`: a re-replication walk sends it from disk).
@@ -84,8 +85,6 @@ _SCHEMA = (
     "CREATE INDEX chunks_wake ON chunks (wake)",
     "CREATE TABLE ids " + _IDS_COLUMNS,
     "CREATE TEMP TABLE ids_new (h INTEGER NOT NULL, at INTEGER NOT NULL)",
-    "CREATE TABLE taken (chunk INTEGER NOT NULL, pos INTEGER NOT NULL)",
-    "CREATE INDEX taken_chunk ON taken (chunk)",
 )
 
 # id, queue (empty: a job not queued here), ctime (the queue order), wake (ms: when the job's
@@ -122,7 +121,9 @@ class OverflowStore:
         self.written = 0  # jobs written since start
         self.read = 0  # jobs read back since start
         self.chunks = 0  # segments here now
-        self.taken = 0  # rows in the table `taken` (0: no segment has a hole to skip)
+        # the places of the jobs taken alone out of a segment still here (its holes), by
+        # segment: in memory, so a job taken by ID costs no write
+        self.holes: dict[int, set[int]] = {}
         self.stale = 0  # ID entries whose segment is gone (about)
         self._sweep = 0  # the next slice of the hash space to sweep
         # the new ID entries (hash -> place), a dict per slice of the hash space
@@ -163,7 +164,8 @@ class OverflowStore:
         with contextlib.suppress(sqlite3.Error):
             self.db.close()
         self._open(int(row[0]) if row else 0)
-        self.jobs = self.bytes = self.chunks = self.stale = self.fresh = self.taken = 0
+        self.jobs = self.bytes = self.chunks = self.stale = self.fresh = 0
+        self.holes.clear()
         self._merge = -1
         for part in self.new:
             part.clear()
@@ -278,24 +280,16 @@ class OverflowStore:
         out: list[bytes] = []
         size = 0
         stale = 0
-        taken = self.taken
-        db.execute("BEGIN")
-        try:
-            for row in found:
-                jobs = self._split(row)
-                out += jobs
-                size += sum(map(len, jobs))
-                stale += len(jobs)
-                if taken:
-                    taken -= db.execute("DELETE FROM taken WHERE chunk = ?", (row[0],)).rowcount
-            ids = [row[0] for row in found]
-            db.execute(f"DELETE FROM chunks WHERE id IN ({', '.join('?' * len(ids))})", ids)
-            db.execute("COMMIT")
-        except sqlite3.Error:
-            with contextlib.suppress(sqlite3.Error):
-                db.execute("ROLLBACK")
-            raise
-        self.taken = taken
+        for row in found:
+            jobs = self._split(row)
+            out += jobs
+            size += sum(map(len, jobs))
+            stale += len(jobs)
+        ids = [row[0] for row in found]
+        db.execute(f"DELETE FROM chunks WHERE id IN ({', '.join('?' * len(ids))})", ids)
+        if self.holes:
+            for chunk in ids:
+                self.holes.pop(chunk, None)
         self.jobs -= len(out)
         self.bytes -= size
         self.read += len(out)
@@ -309,44 +303,48 @@ class OverflowStore:
         if not self.jobs and not self.chunks and self.stale:
             self._reset()  # every ID entry is stale: all at once
 
-    def _entry(self, h: int) -> tuple[int, int, int, int, int, bool] | None:
-        """The live ID entry of hash h: segment, place, offset, length, fingerprint, and
-        whether it is in `new` (looked at first), or None. An entry whose segment came back
-        whole is stale and skipped (the sweep removes it)."""
+    def _entry(self, h: int) -> tuple[int, int, int, int, int, bool, int] | None:
+        """The live ID entry of hash h: segment, place, offset, length, fingerprint,
+        whether it is in `new` (looked at first), and the segment's job count; or None. An
+        entry whose segment came back whole, or whose job was taken alone (a hole), is
+        stale and skipped (the sweep removes the first kind)."""
         at = self.new[(h >> SLICE_SHIFT) + SLICE_BIAS].get(h)
-        row: tuple[int, bytes, bytes] | None = None
+        row: tuple[int, int, bytes, bytes] | None = None
         if at is not None:
-            row = self.db.execute("SELECT ?, lens, fps FROM chunks WHERE id = ?",
+            row = self.db.execute("SELECT ?, count, lens, fps FROM chunks WHERE id = ?",
                                   (at, at // CHUNK)).fetchone()
         fresh = row is not None
         if row is None:
-            row = self.db.execute("SELECT i.at, chunks.lens, chunks.fps FROM ids AS i, chunks"
-                                  " WHERE i.h = ? AND chunks.id = i.at / ?",
+            row = self.db.execute("SELECT i.at, chunks.count, chunks.lens, chunks.fps FROM"
+                                  " ids AS i, chunks WHERE i.h = ? AND chunks.id = i.at / ?",
                                   (h, CHUNK)).fetchone()
             if row is None:
                 return None
-        at, lens_raw, fps_raw = row
+        at, count, lens_raw, fps_raw = row
         chunk, pos = divmod(at, CHUNK)
+        holes = self.holes.get(chunk)
+        if holes is not None and pos in holes:
+            return None
         lens = array("I")
         lens.frombytes(lens_raw)
         fps = array("q")
         fps.frombytes(fps_raw)
-        return chunk, pos, sum(lens[:pos]), lens[pos], fps[pos], fresh
+        return chunk, pos, sum(lens[:pos]), lens[pos], fps[pos], fresh, count
 
-    def _find(self, job_id: bytes) -> tuple[int, int, int, bytes, bool] | None:
-        """Where a job is (segment, place, length), its data and whether its ID entry is
-        in `new`, or None."""
+    def _find(self, job_id: bytes) -> tuple[int, int, int, bytes, bool, int] | None:
+        """Where a job is (segment, place, length), its data, whether its ID entry is in
+        `new`, and its segment's job count; or None."""
         entry = self._entry(hash(job_id))
         if entry is None:
             return None
-        chunk, pos, off, n, _, fresh = entry
+        chunk, pos, off, n, _, fresh, count = entry
         with self.db.blobopen("chunks", "data", chunk, readonly=True) as blob:
             blob.seek(off)
             data = blob.read(n)
         # (the record's first field is the job ID: a hash shared with another job's)
         if _unpackb(data, use_list=False)[0] != job_id:
             return None
-        return chunk, pos, n, data, fresh
+        return chunk, pos, n, data, fresh, count
 
     def get(self, job_id: bytes) -> bytes | None:
         """One job's data by ID, left on disk; None when it is not here."""
@@ -363,27 +361,23 @@ class OverflowStore:
         found = self._find(job_id)
         if found is None:
             return None
-        chunk, pos, n, data, fresh = found
-        h = hash(job_id)
-        db = self.db
-        db.execute("BEGIN")
-        if not fresh:
-            db.execute("DELETE FROM ids WHERE h = ?", (h,))
-        count, gone = db.execute("SELECT count, (SELECT count(*) FROM taken WHERE chunk = ?)"
-                                 " FROM chunks WHERE id = ?", (chunk, chunk)).fetchone()
-        if gone + 1 >= count:  # its last job: the segment goes
-            db.execute("DELETE FROM taken WHERE chunk = ?", (chunk,))
-            db.execute("DELETE FROM chunks WHERE id = ?", (chunk,))
+        chunk, pos, n, data, fresh, count = found
+        holes = self.holes.get(chunk)
+        if holes is not None and len(holes) + 1 >= count or count == 1:
+            # its last job: the segment goes
+            self.db.execute("DELETE FROM chunks WHERE id = ?", (chunk,))
+            self.holes.pop(chunk, None)
             self.chunks -= 1
-            taken = self.taken - gone
+        elif holes is None:
+            self.holes[chunk] = {pos}
         else:
-            db.execute("INSERT INTO taken VALUES (?, ?)", (chunk, pos))
-            taken = self.taken + 1
-        db.execute("COMMIT")
-        self.taken = taken
+            holes.add(pos)
+        h = hash(job_id)
         if fresh:
             del self.new[(h >> SLICE_SHIFT) + SLICE_BIAS][h]
             self.fresh -= 1
+        else:
+            self.stale += 1  # (its entry in ids goes with the segment's)
         self.jobs -= 1
         self.bytes -= n
         self.read += 1
@@ -436,8 +430,7 @@ class OverflowStore:
     def _split(self, row: Segment) -> list[bytes]:
         """The data of the jobs of a segment (id, count, lens, data) not taken already."""
         chunk, count, lens_raw, data = row
-        taken = {r[0] for r in self.db.execute("SELECT pos FROM taken WHERE chunk = ?",
-                                               (chunk,))} if self.taken else set()
+        taken = self.holes.get(chunk, ())
         lens = array("I")
         lens.frombytes(lens_raw)
         out: list[bytes] = []
@@ -470,8 +463,8 @@ class OverflowStore:
     def scan_listing(self, after: int, n: int, nodes: Collection[bytes],
                      end: int) -> tuple[int, list[tuple[bytes, bytes]]]:
         """Walk the segments past segment `after`, up to segment `end` (about n jobs): the
-        copyable jobs that list any of `nodes` (each its ID and its listed nodes' IDs,
-        concatenated), and the segment to go on after (0: the end)."""
+        copyable jobs still here that list any of `nodes` (each its ID and its listed
+        nodes' IDs, concatenated), and the segment to go on after (0: the end)."""
         ids: list[tuple[bytes, bytes]] = []
         jobs = 0
         last = after
@@ -480,8 +473,9 @@ class OverflowStore:
                 (after, end)):
             if jobs >= n:
                 return last, ids
-            for job_id, listed, copyable in _unpackb(meta, use_list=False):
-                if copyable and any(node in listed for node in nodes):
+            holes = self.holes.get(chunk, ())
+            for pos, (job_id, listed, copyable) in enumerate(_unpackb(meta, use_list=False)):
+                if copyable and pos not in holes and any(node in listed for node in nodes):
                     ids.append((job_id, listed))
             jobs += count
             last = chunk

@@ -77,10 +77,10 @@ def test_the_store_takes_by_id_by_queue_order_and_by_wake_time(tmp_path: Path) -
     # by ID: that job's bytes only, once
     assert store.take(b"id3") == rows[3][6] and store.take(b"id3") is None
     assert store.take(b"nope") is None
-    # the walks: copyable jobs listing a node, segment after segment (id3, back in memory,
-    # may still be named: the walk looks it up there)
+    # the walks: copyable jobs listing a node, segment after segment (not id3, back in
+    # memory: a hole of its segment)
     found = store.scan_listing(0, 100, [b"B" * 40], 2)[1]
-    assert sorted(found) == [(b"id%d" % i, b"A" * 40 + b"B" * 40) for i in (0, 3, 6)]
+    assert sorted(found) == [(b"id%d" % i, b"A" * 40 + b"B" * 40) for i in (0, 6)]
     assert store.scan_listing(0, 1, [b"A" * 40], 2)[0] == 1  # one segment, then go on
     found = store.scan_listing(0, 100, [b"B" * 40], 1)[1]
     assert sorted(j for j, _ in found) == [b"id0", b"id6"]  # to `end`
@@ -187,6 +187,26 @@ def test_a_full_store_refuses_the_whole_batch(tmp_path: Path) -> None:
     assert store.take(b"id1") is None and store.fresh == 0  # no ID entry either
     store.put(big[:10])  # what fits still goes in
     assert store.jobs == 10
+
+
+def test_jobs_taken_one_by_one_leave_holes_until_their_segment_goes(tmp_path: Path,
+                                                                    monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(store_module, "MERGE_AT", 1)
+    store = OverflowStore(str(tmp_path / "s.db"))
+    store.put([_row(i) for i in range(CHUNK)])
+    for _ in range(store_module.MERGE_SLICES // 2):
+        store.merge_step()  # about half of the entries in ids, the others still new
+    assert 0 < store.fresh < CHUNK
+    for i in range(0, CHUNK - 1):
+        assert store.take(b"j%d" % i) == _row(i)[6]
+        assert store.get(b"j%d" % i) is None and store.take(b"j%d" % i) is None
+    assert store.chunks == 1 and store.holes and store.jobs == 1
+    assert store.scan(0, 100)[1] == [_row(CHUNK - 1)[6]]  # the holes skipped
+    store.put([_row(3)])  # a job taken, then back to disk: found at its new place
+    assert store.get(b"j3") == _row(3)[6] and store.chunks == 2
+    assert store.take(b"j%d" % (CHUNK - 1)) == _row(CHUNK - 1)[6]  # the last one
+    assert store.chunks == 1 and not store.holes and store.take(b"j3") == _row(3)[6]
+    assert store.jobs == 0 and store.chunks == 0
 
 
 def test_a_merge_refused_by_a_full_store_keeps_the_entries_found(tmp_path: Path,
