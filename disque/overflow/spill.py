@@ -281,25 +281,30 @@ class Overflow:
             self.moved(job)
 
     # ------------------------------------------------------------------ back to memory
-    def _restore(self, job: Job, q: Queue | None) -> None:
+    def _restore(self, job: Job) -> None:
         """A job back from disk, into the registry and, if queued, its queue."""
         state = self.state
-        state.register(job)
         if job.state == QUEUED:
             queue = job.queue
             assert queue is not None
-            if q is None:
-                q = state.create_queue(queue)
-            q.jobs.add(job)
-            if q.spilled:
-                q.spilled -= 1
-            state.schedule_job(job)
-            self.moved(job)
-            if q.waiters and not q.paused & PAUSE_OUT:
-                state.serve_waiters(q)  # (a client blocked on the queue meanwhile)
+            self._requeue([job], state.create_queue(queue))
             return
+        state.register(job)
         state.schedule_job(job)
         self.moved(job)
+
+    def _requeue(self, jobs: list[Job], q: Queue) -> None:
+        """Queued jobs back from disk, sorted by ctime, into the registry and their queue
+        `q` (at its head, in one go, when they are older than every job in it)."""
+        state = self.state
+        for job in jobs:
+            state.register(job)
+            state.schedule_job(job)
+            self.moved(job)
+        q.jobs.add_oldest(jobs)
+        q.spilled = max(0, q.spilled - len(jobs))
+        if q.waiters and not q.paused & PAUSE_OUT:
+            state.serve_waiters(q)  # (a client blocked on the queue meanwhile)
 
     def came_from(self) -> tuple[int, int]:
         """The segments (lowest ID, highest ID) the jobs back last came from: a `moved`
@@ -330,7 +335,7 @@ class Overflow:
         if data is None:
             return None
         job = unpack_job(data)
-        self._restore(job, None)
+        self._restore(job)
         return job
 
     def refill(self, q: Queue) -> None:
@@ -346,27 +351,12 @@ class Overflow:
         if first is not None and first.ctime < q.disk_first:
             return
         datas, q.disk_first = store.take_oldest(q.name, REFILL)
-        state = self.state
-        state.on_disk = store.jobs
+        self.state.on_disk = store.jobs
         if not datas:
             q.spilled = 0
             return
-        jobs = [unpack_job(data) for data in datas]
-        queued: list[Job] = []
-        for job in jobs:
-            if job.state == QUEUED:
-                queued.append(job)
-            else:  # (not this queue's any more: restored on its own)
-                self._restore(job, None)
-        queued.sort(key=_ctime)
-        for job in queued:
-            state.register(job)
-            state.schedule_job(job)
-            self.moved(job)
-        q.jobs.add_oldest(queued)
-        q.spilled = max(0, q.spilled - len(queued))
-        if q.waiters and not q.paused & PAUSE_OUT:
-            state.serve_waiters(q)  # (a client blocked on the queue meanwhile)
+        # (a queue's segments hold the jobs it had queued)
+        self._requeue(sorted((unpack_job(data) for data in datas), key=_ctime), q)
 
     def wake_due(self, now: int) -> None:
         """Jobs on disk whose timer is due (an expiry; an active job's requeue) come back;
@@ -374,7 +364,7 @@ class Overflow:
         store = self.store
         assert store is not None
         for data in store.take_due(now, EXPIRE_BATCH):
-            self._restore(unpack_job(data), None)
+            self._restore(unpack_job(data))
         self.state.on_disk = store.jobs
 
     def peek(self, q: Queue, n: int, newest: bool) -> list[Job]:
