@@ -7,7 +7,8 @@ maxmemory (`spill`, every SPILL_PERIOD ms while overflowing): first jobs QUEUED 
 node, newest first, from the queues holding the most jobs in memory (the oldest KEEP jobs of
 each queue stay: they are what GETJOB serves next); then ACTIVE jobs (copies held for other
 nodes, jobs delivered and waiting for their ACK or requeue, delayed jobs), but not one a
-synchronous ADDJOB still waits on (`pinned`). Jobs waiting for their copies and acked jobs
+synchronous ADDJOB still waits on (`pinned`), nor one whose timer wants it back within
+ACTIVE_MIN_AWAY ms (a short RETRY: it would be read back before it saved anything). Jobs waiting for their copies and acked jobs
 stay in memory. A spilled job leaves the registry, its queue's in-memory list and the timer
 wheel; a queued one's queue counts it (`Queue.spilled`) and remembers a lower bound of the
 ctime of its oldest job on disk (`Queue.disk_first`).
@@ -66,6 +67,10 @@ EXPIRE_PERIOD = 100  # ms between looks for expired jobs on disk
 FULL_RETRY_MS = 1000  # after a refused write, no spill before this
 ACTIVE_SHARDS = 512  # registry shards one spill of active jobs looks at, at most
 ACTIVE_ROUNDS = 8  # spills of active jobs per tick, at most
+# an active job whose timer wants it back sooner than this (ms; its requeue, or the
+# WILLQUEUE before it) stays in memory: it would come back before its place on disk paid
+# for the write and the read (with RETRY 2, chaos runs wrote each job ~5 times)
+ACTIVE_MIN_AWAY = 10_000
 
 
 class Overflow:
@@ -226,21 +231,25 @@ class Overflow:
         table = state.jobs
         n = table.shard_count()
         jobs: list[Job] = []
+        rows: list[Row] = []
         want = min(SPILL_BATCH, (state.mem_used - target) // (JOB_MEMORY + 64) + 1)
         pinned = self.pinned
+        next_wake = state.next_wake
+        soon = now + ACTIVE_MIN_AWAY
         for _ in range(ACTIVE_SHARDS):
             shard = table.shard(self._jcursor)
             self._jcursor = (self._jcursor + 1) % n
             for job in shard.values():
                 if job.state == ACTIVE and not pinned(job.id):
-                    jobs.append(job)
+                    wake = next_wake(job)
+                    if wake >= soon:
+                        jobs.append(job)
+                        rows.append((job.id, b"", job.ctime, wake, b"".join(job.delivered),
+                                     _copyable(job), pack_job(job), _fingerprint(job)))
             if len(jobs) >= want:
                 break
         if not jobs:
             return 0
-        next_wake = state.next_wake
-        rows: list[Row] = [(job.id, b"", job.ctime, next_wake(job), b"".join(job.delivered),
-                            _copyable(job), pack_job(job), _fingerprint(job)) for job in jobs]
         if not self._put(rows, now):
             return -1
         self._forget(jobs)

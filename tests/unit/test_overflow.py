@@ -317,6 +317,22 @@ def test_active_jobs_go_to_disk_and_come_back_for_their_requeue(tmp_path: Path) 
     assert all(node.lookup_job(j.id) is None for j in jobs)
 
 
+def test_active_jobs_due_back_soon_stay_in_memory(tmp_path: Path) -> None:
+    # (with RETRY 2, a chaos run wrote each job to disk ~5 times: each came back for its
+    # requeue, or the WILLQUEUE before it, within two seconds of going)
+    sim = overflowing(tmp_path)
+    node = sim.node
+    fill(sim, 3000, retry=2)
+    assert len(node.get_jobs([b"q"], 3000)) == 3000  # all active, requeue in 2 s
+    written = node.overflow.store.written  # type: ignore[union-attr]
+    sim.advance(50)
+    assert node.overflow.store.written == written  # type: ignore[union-attr]
+    assert node.on_disk == 0
+    sim.advance(2_500)  # requeued: queued jobs go to disk as before
+    assert node.on_disk > 1000
+    assert drain(sim) == [b"%06d" % i for i in range(3000)]
+
+
 def test_a_full_disk_stops_overflow_and_nothing_is_lost(tmp_path: Path) -> None:
     sim = overflowing(tmp_path, max_bytes=512 * 1024)
     node = sim.node
