@@ -71,8 +71,9 @@ SWEEP_SLICES = 1024  # a sweep of stale ID entries covers 1/SWEEP_SLICES of the 
 SWEEP_SLACK = 10_000  # stale ID entries swept only while they outnumber the live by this
 MERGE_AT = 131072  # entries in `new` that start a merge into ids
 MERGE_SLICES = 16  # a merge step moves 1/MERGE_SLICES of the hash space
-SLICE_SHIFT = 60  # the slice of hash h: (h >> SLICE_SHIFT) + SLICE_BIAS (16 slices)
-SLICE_BIAS = 8
+# the slice of a (signed 64-bit) hash h: (h >> SLICE_SHIFT) + SLICE_BIAS, 0 to MERGE_SLICES - 1
+SLICE_SHIFT = 64 - (MERGE_SLICES.bit_length() - 1)
+SLICE_BIAS = MERGE_SLICES // 2
 MERGE_ROWS = 512  # entries per statement of a merge step
 # an ID entry: the hash of a job ID, and the job's place (segment * CHUNK + position)
 _IDS_COLUMNS = "(h INTEGER PRIMARY KEY, at INTEGER NOT NULL)"
