@@ -464,8 +464,10 @@ class OverflowStore:
     def scan_listing(self, after: int, n: int, nodes: Collection[bytes],
                      end: int) -> tuple[int, list[tuple[bytes, bytes]]]:
         """Walk the segments past segment `after`, up to segment `end` (about n jobs): the
-        copyable jobs still here that list any of `nodes` (each its ID and its listed
-        nodes' IDs, concatenated), and the segment to go on after (0: the end)."""
+        copyable jobs that list any of `nodes` (each its ID and its listed nodes' IDs,
+        concatenated), and the segment to go on after (0: the end). A job taken alone (a
+        hole) is named too: it is in memory, where the walk looks it up; a walk that
+        passed its registry shard before it came back finds it only here (repair)."""
         ids: list[tuple[bytes, bytes]] = []
         jobs = 0
         last = after
@@ -474,9 +476,8 @@ class OverflowStore:
                 (after, end)):
             if jobs >= n:
                 return last, ids
-            holes = self.holes.get(chunk, ())
-            for pos, (job_id, listed, copyable) in enumerate(_unpackb(meta, use_list=False)):
-                if copyable and pos not in holes and any(node in listed for node in nodes):
+            for job_id, listed, copyable in _unpackb(meta, use_list=False):
+                if copyable and any(node in listed for node in nodes):
                     ids.append((job_id, listed))
             jobs += count
             last = chunk
