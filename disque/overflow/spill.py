@@ -8,10 +8,11 @@ node, newest first, from the queues holding the most jobs in memory (the oldest 
 each queue stay: they are what GETJOB serves next); then ACTIVE jobs (copies held for other
 nodes, jobs delivered and waiting for their ACK or requeue, delayed jobs), but not one a
 synchronous ADDJOB still waits on (`pinned`), nor one whose timer wants it back within
-ACTIVE_MIN_AWAY ms (a short RETRY: it would be read back before it saved anything). Jobs waiting for their copies and acked jobs
-stay in memory. A spilled job leaves the registry, its queue's in-memory list and the timer
-wheel; a queued one's queue counts it (`Queue.spilled`) and remembers a lower bound of the
-ctime of its oldest job on disk (`Queue.disk_first`).
+ACTIVE_MIN_AWAY ms (a short RETRY: it would be read back before it saved anything). Jobs
+waiting for their copies and acked jobs stay in memory. A spilled job leaves the registry,
+its queue's in-memory list and the timer wheel; a queued one's queue counts it
+(`Queue.spilled`) and remembers a lower bound of the ctime of its oldest job on disk
+(`Queue.disk_first`).
 
 What comes back, and when:
 - the head of a queue (`refill`): before a job is taken from a queue (GETJOB, federation),

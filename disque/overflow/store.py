@@ -226,10 +226,9 @@ class OverflowStore:
             with contextlib.suppress(sqlite3.Error):
                 db.execute("ROLLBACK")
             raise OverflowFull(str(exc)) from exc
-        new = self.new
         for i in range(0, len(entries), 2):
             h = entries[i]
-            new[(h >> SLICE_SHIFT) + SLICE_BIAS][h] = entries[i + 1]
+            self._new_of(h)[h] = entries[i + 1]
         self.jobs += added
         self.bytes += size
         self.written += added
@@ -286,10 +285,10 @@ class OverflowStore:
             out += jobs
             size += sum(map(len, jobs))
             stale += len(jobs)
-        ids = [row[0] for row in found]
-        db.execute(f"DELETE FROM chunks WHERE id IN ({', '.join('?' * len(ids))})", ids)
+        gone = [row[0] for row in found]
+        db.execute(f"DELETE FROM chunks WHERE id IN ({', '.join('?' * len(gone))})", gone)
         if self.holes:
-            for chunk in ids:
+            for chunk in gone:
                 self.holes.pop(chunk, None)
         self.jobs -= len(out)
         self.bytes -= size
@@ -304,12 +303,16 @@ class OverflowStore:
         if not self.jobs and not self.chunks and self.stale:
             self._reset()  # every ID entry is stale: all at once
 
+    def _new_of(self, h: int) -> dict[int, int]:
+        """The dict of `new` for hash h (its slice of the hash space)."""
+        return self.new[(h >> SLICE_SHIFT) + SLICE_BIAS]
+
     def _entry(self, h: int) -> tuple[int, int, int, int, int, bool, int] | None:
         """The live ID entry of hash h: segment, place, offset, length, fingerprint,
         whether it is in `new` (looked at first), and the segment's job count; or None. An
         entry whose segment came back whole, or whose job was taken alone (a hole), is
         stale and skipped (the sweep removes the first kind)."""
-        at = self.new[(h >> SLICE_SHIFT) + SLICE_BIAS].get(h)
+        at = self._new_of(h).get(h)
         row: tuple[int, int, bytes, bytes] | None = None
         if at is not None:
             row = self.db.execute("SELECT ?, count, lens, fps FROM chunks WHERE id = ?",
@@ -363,19 +366,15 @@ class OverflowStore:
         if found is None:
             return None
         chunk, pos, n, data, fresh, count = found
-        holes = self.holes.get(chunk)
-        if holes is not None and len(holes) + 1 >= count or count == 1:
-            # its last job: the segment goes
+        holes = self.holes.setdefault(chunk, set())
+        holes.add(pos)
+        if len(holes) >= count:  # its last job: the segment goes
             self.db.execute("DELETE FROM chunks WHERE id = ?", (chunk,))
-            self.holes.pop(chunk, None)
+            del self.holes[chunk]
             self.chunks -= 1
-        elif holes is None:
-            self.holes[chunk] = {pos}
-        else:
-            holes.add(pos)
         h = hash(job_id)
         if fresh:
-            del self.new[(h >> SLICE_SHIFT) + SLICE_BIAS][h]
+            del self._new_of(h)[h]
             self.fresh -= 1
         else:
             self.stale += 1  # (its entry in ids goes with the segment's)

@@ -311,11 +311,12 @@ def test_a_change_does_not_restart_the_urgent_walk_under_way() -> None:
     # (in memory too, on a loaded node: seed 5 lost 375 of 110,143 jobs without overflow)
     r = Rig(rate=10)
     repair = r.node.repair
-    repair.urgent = 5  # under way
-    repair.walk_again()  # a node came back, another went: walked again after this one
-    assert repair.urgent == 5 and repair.urgent_again
     urgent = r.copy(delivered=(A, ME))
     r.node.lookup_job(urgent).repl = 3
+    past = r.node.jobs.shard_index(urgent) + 1
+    repair.urgent = past  # under way, past the job's shard
+    repair.walk_again()  # a node came back, another went: walked again after this one
+    assert repair.urgent == past and repair.urgent_again
     r.drop(A)
     out = repljobs(r.crons(DEFAULT_GRACE_MS + 200))
     assert (min((B, C), key=lambda n: rank(n, urgent)), urgent, False) in out
