@@ -35,8 +35,10 @@ in test_nemeses.py run each for ~20 s.
 
 from __future__ import annotations
 
+import json
 import random
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -58,6 +60,8 @@ MAX_DOWN = 2  # random kills: nodes down at once (REPLICATE - 1)
 PROGRESS = 150  # ADDJOB outcomes between two steps of a nemesis
 STEP_DEADLINE = 15.0  # s: a step waits at most this long for its condition
 DRAIN_DEADLINE = 120.0  # s after healing for every added job to be delivered
+TRACE_EVERY = 0.25  # s between two INFO samples of a traced run
+TRACE_SHOW = 200  # lost jobs a traced run asks every node about
 DRAIN_STALL = 30.0  # s without a new delivery: the rest is lost
 
 
@@ -93,6 +97,7 @@ class ChaosCluster:
         self.announce: list[int] = []
         self.nodes: list[DisqueProcess] = []
         self.ids: list[str] = []  # node IDs, by index (read at start, and after a restart)
+        self.timeline: list[tuple[float, str, int]] = []  # (time.time(), "kill"/"start", node)
         for i in range(n):
             node_args = list(args)
             if self.proxies is not None:
@@ -122,9 +127,14 @@ class ChaosCluster:
     def ports(self) -> list[int]:
         return [p.port for p in self.nodes]
 
+    def killed(self, i: int) -> None:
+        self.nodes[i].kill()
+        self.timeline.append((time.time(), "kill", i))
+
     def restarted(self, i: int) -> None:
         self.nodes[i].start()
         self.ids[i] = myid(self.nodes[i])
+        self.timeline.append((time.time(), "start", i))
 
     def flags_failing(self, j: int, others: list[int]) -> bool:
         """Does node j flag every node of `others` failing (fail? or fail), or not know
@@ -216,7 +226,7 @@ class KillNemesis(Nemesis):
     def fault(self, i: int) -> bool:
         c = self.c
         k = i % len(c.nodes)
-        c.nodes[k].kill()
+        c.killed(k)
         noticed = settle(lambda: c.sees_unreachable(k))
         self.progress()
         c.restarted(k)
@@ -284,7 +294,7 @@ class RandomKillNemesis(Nemesis):
             if now >= next_kill:
                 if len(down) < MAX_DOWN:
                     k = rng.choice([i for i in range(len(c.nodes)) if i not in down])
-                    c.nodes[k].kill()
+                    c.killed(k)
                     down[k] = time.monotonic() + rng.uniform(2.0, 6.0)
                     self.faults += 1
                 next_kill = time.monotonic() + rng.uniform(2.0, 4.0)
@@ -302,18 +312,70 @@ NEMESIS_CLASSES: dict[str, type[Nemesis]] = {
 }
 
 
+class Tracer:
+    """With `--trace` (tests/chaos/run.py): what a lost job's story needs, written into the
+    run's directory, which is kept: `info.jsonl` (every TRACE_EVERY s, each running node's
+    INFO jobs and overflow fields), `timeline.jsonl` (kills and starts), and at the end
+    `lost.jsonl` (each lost job: when and where it was added, and what SHOW says of it on
+    every node, for the first TRACE_SHOW of them)."""
+
+    FIELDS = ("registered_jobs", "underreplicated_jobs", "repaired_jobs", "overflow_jobs",
+              "rereplication_nodes", "rereplication_pending")
+
+    def __init__(self, c: ChaosCluster, workdir: Path) -> None:
+        self.c = c
+        self.workdir = workdir
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _sample(self) -> None:
+        with open(self.workdir / "info.jsonl", "w") as out:
+            while not self.stop.wait(TRACE_EVERY):
+                row: dict[str, Any] = {"t": time.time()}
+                for i, p in enumerate(self.c.nodes):
+                    try:
+                        info = parse_fields(cmd(p, "INFO", "all")) if p.alive() else {}
+                    except Exception:  # noqa: BLE001 - a node killed between the two calls
+                        info = {}
+                    row[str(i)] = {k: info[k] for k in self.FIELDS if k in info}
+                out.write(json.dumps(row) + "\n")
+                out.flush()
+
+    def finish(self, h: Any) -> None:
+        self.stop.set()
+        self.thread.join()
+        with open(self.workdir / "timeline.jsonl", "w") as out:
+            for t, what, i in self.c.timeline:
+                out.write(json.dumps({"t": t, "what": what, "node": i}) + "\n")
+        lost = h.undelivered()
+        with open(self.workdir / "lost.jsonl", "w") as out:
+            for n, jid in enumerate(lost):
+                row = {"id": jid, "t": h.add_time.get(jid), "body": h.added.get(jid)}
+                if n < TRACE_SHOW:
+                    row["show"] = {str(i): str(cmd(p, "SHOW", jid))
+                                   for i, p in enumerate(self.c.nodes) if p.alive()}
+                out.write(json.dumps(row) + "\n")
+
+
 def run_chaos(nemesis: str, seconds: float, workdir: Path, seed: int = 1,
-              node_args: tuple[str, ...] = ()) -> RunResult:
+              node_args: tuple[str, ...] = (), trace: bool = False) -> RunResult:
     """One chaos run; the cluster and the workers are gone when it returns. `node_args`:
-    more options for every node (e.g. `--repair-rate 0` to compare)."""
+    more options for every node (e.g. `--repair-rate 0` to compare); `trace`: a Tracer
+    writes into `workdir`."""
     if nemesis.endswith("-tls"):
         node_args = (*tls_cluster_args(workdir / "tls"), *node_args)
     c = ChaosCluster(workdir, aof=nemesis.endswith("-aof"), proxied=nemesis == "partition",
                      node_args=node_args)
     workers: Workers | None = None
+    tracer = Tracer(c, workdir) if trace else None
     notes: list[str] = []
     try:
         c.start()
+        if tracer is not None:
+            tracer.start()
         workers = Workers(c.ports, 10**9, producers=3, consumers=3, seed=seed, repl=(3,),
                           retry=(2, 2), pace=0.05)
         h = workers.history
@@ -328,6 +390,8 @@ def run_chaos(nemesis: str, seconds: float, workdir: Path, seed: int = 1,
         wait_for(workers.producers_done, timeout=60, interval=0.1, what="producers done")
         workers.drain.set()
         drain(h)
+        if tracer is not None:
+            tracer.finish(h)
         if c.proxies is not None:
             notes.append(f"bus links cut: {c.proxies.cuts}")
         if nem.ineffective:

@@ -23,6 +23,9 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"comma-separated, from {', '.join(NEMESES)}")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--node-args", default="", help="more options for every node")
+    ap.add_argument("--trace", metavar="DIR",
+                    help="keep each run's directory (node logs) in DIR, with a trace of the "
+                         "run (INFO samples, kills, the lost jobs: tests/chaos/nemesis.py)")
     args = ap.parse_args(argv)
     chosen = [n for n in args.nemesis.split(",") if n]
     bad = [n for n in chosen if n not in NEMESES]
@@ -30,10 +33,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown nemesis {', '.join(bad)}")
     results = []
     with tempfile.TemporaryDirectory(prefix="disque-chaos-") as tmp:
+        top = Path(args.trace) if args.trace else Path(tmp)
         for name in chosen:
             print(f"running {name} for {args.seconds:.0f}s ...", file=sys.stderr, flush=True)
-            r = run_chaos(name, args.seconds, Path(tmp) / name, seed=args.seed,
-                          node_args=tuple(shlex.split(args.node_args)))
+            r = run_chaos(name, args.seconds, top / name, seed=args.seed,
+                          node_args=tuple(shlex.split(args.node_args)),
+                          trace=bool(args.trace))
             results.append(r)
             print(table([r]).splitlines()[1], file=sys.stderr, flush=True)
     print(table(results))
