@@ -180,10 +180,13 @@ class Node(NodeState):
 
     def copy_confirmed(self, sender: bytes, job_id: bytes) -> None:
         """A GOTJOB that answers no ADDJOB: a copy re-replication or repair made."""
-        if self.rereplication.inflight:
-            self.rereplication.confirmed(sender, job_id)  # a copy made again
+        rereplication = self.rereplication
+        if rereplication.inflight:
+            rereplication.confirmed(sender, job_id)  # a copy made again
         if self.repair.inflight:
             self.repair.confirmed(sender, job_id)  # a copy on a new node
+        if rereplication.copied:
+            rereplication.got_copy(sender, job_id)  # a node being refilled holds it
 
     def need_jobs(self, q: Queue, now: int, reached_zero: bool = False) -> None:
         self.federation.need_jobs(q, now, reached_zero)

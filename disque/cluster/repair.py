@@ -14,8 +14,9 @@ until it has REPLICATE reachable copies again:
   some node is past it (a node came back, another went down: a target may have appeared);
 - a job counts its reachable copies: this node, holders with a bus link, and holders still
   within their grace; not a holder that restarted empty and that this node's re-replication
-  has not refilled with this job yet (its walk for that node under way, or this job's copy
-  not confirmed): counted, it would hide the job's shortage until its refill, which takes
+  has not refilled with this job yet (its walk for that node under way and the node not
+  having confirmed this job's copy since its restart, or that copy not confirmed yet:
+  `Refilling.has_copy`): counted, it would hide the job's shortage until its refill, which takes
   seconds with a large backlog, and a second crash in those seconds would lose the job.
   Fewer than REPLICATE, and the job gets new copies on the nodes without one ranked
   first for this job (node IDs XORed with the job ID's random chars, as `sender_wins`
@@ -107,10 +108,13 @@ def rank(node_id: bytes, job_id: bytes) -> int:
 
 class Refilling(Protocol):
     """What repair reads of re-replication (disque.cluster.rereplication): the restarted
-    nodes whose walk is under way, and the copies sent to them not confirmed yet."""
+    nodes whose walk is under way, the copies sent to them not confirmed yet, and whether
+    one of them confirmed a copy of a job since its restart."""
 
     cursors: dict[bytes, int]
     inflight: dict[tuple[bytes, bytes], tuple[int, int]]
+
+    def has_copy(self, node_id: bytes, job_id: bytes) -> bool: ...
 
 
 class Repair:
@@ -289,11 +293,12 @@ class Repair:
         # take a copy
         refilling = self.refilling.cursors
         unconfirmed = self.refilling.inflight
+        has_copy = self.refilling.has_copy
         cursor = self.urgent if urgent else self.cursor
         looked = 0
         # per distinct node list (jobs added together share one tuple): its reachable
         # holders and the copies it is short of (holders within their grace count)
-        lists: dict[tuple[bytes, ...], tuple[list[bytes], int]] = {}
+        lists: dict[tuple[bytes, ...], tuple[list[bytes], int, list[bytes]]] = {}
         scan = SCAN_PER_STEP * URGENT_SCAN if urgent else SCAN_PER_STEP
         while looked < scan and budget > 0:
             if cursor < count:
@@ -345,7 +350,8 @@ class Repair:
                 # linked nodes without a copy: not listed, or listed but restarted empty and
                 # not refilled with it yet (the copy goes to them first: no list grows)
                 candidates = [n for n in linked if n not in delivered or (
-                    n in refilling and (n, job_id) not in unconfirmed)]
+                    n in refilling and (n, job_id) not in unconfirmed
+                    and not has_copy(n, job_id))]
                 if not candidates:
                     if not urgent:
                         self.found += 1  # nowhere to copy it now (walked again on a change)
@@ -380,21 +386,30 @@ class Repair:
         return budget
 
     def _counted(self, job_id: bytes, delivered: tuple[bytes, ...],
-                 lists: dict[tuple[bytes, ...], tuple[list[bytes], int]]
+                 lists: dict[tuple[bytes, ...], tuple[list[bytes], int, list[bytes]]]
                  ) -> tuple[list[bytes], int]:
         """The job's reachable holders (this node, and linked holders that are not being
-        refilled by this node's re-replication nor waiting for its copy of this job) and
-        its copies counted (those, and the holders within their grace), as the last tick
-        saw the cluster (`view`). `lists` keeps the part of one walk step shared by the
-        jobs of a node list (jobs added together share one tuple)."""
+        refilled by this node's re-replication, or were and confirmed this job's copy
+        since, nor waiting for its copy of this job) and its copies counted (those, and
+        the holders within their grace), as the last tick saw the cluster (`view`).
+        `lists` keeps the part of one walk step shared by the jobs of a node list (jobs
+        added together share one tuple)."""
         seen = lists.get(delivered)
         if seen is None:
             _, alive, spared, _ = self.view
             myself = self.node.myself
             refilling = self.refilling.cursors
             live = [n for n in delivered if n == myself or (n in alive and n not in refilling)]
-            seen = lists[delivered] = (live, len(live) + sum(1 for n in delivered if n in spared))
-        live, counted = seen
+            seen = lists[delivered] = (
+                live, len(live) + sum(1 for n in delivered if n in spared),
+                [n for n in delivered if n in alive and n in refilling])
+        live, counted, being_refilled = seen
+        if being_refilled:
+            has_copy = self.refilling.has_copy
+            refilled = [n for n in being_refilled if has_copy(n, job_id)]
+            if refilled:
+                live = live + refilled
+                counted += len(refilled)
         unconfirmed = self.refilling.inflight
         if unconfirmed and len(live) > 1:
             waiting = [n for n in live if (n, job_id) in unconfirmed]
@@ -411,7 +426,7 @@ class Repair:
             min(live, key=lambda n: rank(n, job_id)) != myself
 
     def _may_copy(self, job_id: bytes, listed: bytes, urgent: bool,
-                  lists: dict[tuple[bytes, ...], tuple[list[bytes], int]]) -> bool:
+                  lists: dict[tuple[bytes, ...], tuple[list[bytes], int, list[bytes]]]) -> bool:
         """Whether `_walk` may copy a job on disk from here, by its listed nodes (IDs
         concatenated) as the disk has them: the jobs it would skip or leave to another
         holder are not read back (a read by ID costs ~30 us, and a job brought back takes

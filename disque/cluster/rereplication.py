@@ -51,7 +51,15 @@ Rules:
   and starts over when it restarts again;
 - a REPLJOB without a GOTJOB within CONFIRM_MS is sent again (once the node is reachable),
   at most MAX_ATTEMPTS times (a node that refuses copies, e.g. above its memory limit, is
-  not asked forever).
+  not asked forever);
+- while a node is being refilled, the jobs it confirmed to this node since its restart
+  (GOTJOB for a copy of the walk, a recheck or a repair) are kept (`copied`, until the
+  walk ends or it restarts again): they are not sent to it again, and repair counts it
+  as a holder of those (`has_copy`). Without this, with overflow on, a queued job that
+  went to disk and came back every second or so (its other holders' WILLQUEUEs read it
+  back) was rechecked and sent to the refilled node each time: ~3 copies a job, up to
+  10, and every job listing that node looked one crash from lost to repair; chaos
+  random-kill with overflow lost 841-1,620 jobs of ~85,000 in seed 3 so.
 
 Copies that reach this node after its walk for a restarted node went past them would list
 that node for good: the holder that sent them (a repair's copy, or a merge) may not have
@@ -111,7 +119,7 @@ class Rereplication:
     `disk_listing(after, n, nodes)`, `send(node_id, msg)`, `header()`, `linked_others()`, `myself`."""
 
     __slots__ = ("node", "rate", "seen", "cursors", "inflight", "rereplicated", "unlisted",
-                 "since", "recent", "rechecks", "rechecked", "disk_ends")
+                 "since", "recent", "rechecks", "rechecked", "disk_ends", "copied")
 
     def __init__(self, node: NodeState, rate: int = DEFAULT_RATE) -> None:
         self.node = node
@@ -124,6 +132,10 @@ class Rereplication:
         self.disk_ends: dict[bytes, int] = {}
         # (node ID, job ID) -> (sent at ms, attempts): REPLJOBs waiting for their GOTJOB
         self.inflight: dict[tuple[bytes, bytes], tuple[int, int]] = {}
+        # restarted node being refilled -> the jobs it confirmed a copy of to this node
+        # since its restart (re-replication's or repair's): it holds them, so they are not
+        # sent to it again and count it as a holder (`has_copy`)
+        self.copied: dict[bytes, set[bytes]] = {}
         self.rereplicated = 0
         self.unlisted = 0  # listings of a restarted node dropped: the job had its copies
         self.since = 0  # ms: the first tick (about our start)
@@ -181,6 +193,7 @@ class Rereplication:
         """`node_id` came back with a new incarnation: walk the registry for its copies
         (from the start again if a walk for it was under way)."""
         self.cursors[node_id] = 0
+        self.copied[node_id] = set()
         self.disk_ends.pop(node_id, None)
         for key in [k for k in self.inflight if k[0] == node_id]:
             del self.inflight[key]
@@ -228,7 +241,7 @@ class Rereplication:
         count = jobs.shard_count()
         lo, hi = segments
         for target, cursor in cursors.items():
-            if cursor <= shard or target not in job.delivered:
+            if cursor <= shard or target not in job.delivered or self.has_copy(target, job.id):
                 continue
             if cursor >= count:
                 end = self.disk_ends.get(target)
@@ -251,6 +264,22 @@ class Rereplication:
         if self.inflight.pop((sender, job_id), None) is not None:
             self.rereplicated += 1
 
+    def got_copy(self, sender: bytes, job_id: bytes) -> None:
+        """`sender` confirmed a copy of `job_id` (a GOTJOB answering no ADDJOB): a node
+        being refilled holds it from now on."""
+        copied = self.copied.get(sender)
+        if copied is not None:
+            copied.add(job_id)
+
+    def has_copy(self, node_id: bytes, job_id: bytes) -> bool:
+        """Whether `node_id`, being refilled, confirmed a copy of `job_id` since its restart.
+        Without this, a job read back from disk while the refill went on was sent to it
+        again each time (came_back's recheck), and counted no copy there for repair: in
+        chaos random-kill with overflow, a node sent a restarted one each job ~3 times,
+        up to 10, while its urgent repairs of the jobs it alone held came too late."""
+        copied = self.copied.get(node_id)
+        return copied is not None and job_id in copied
+
     # ------------------------------------------------------------------ internals
     def _reachable(self, node_id: bytes) -> bool:
         """Whether copies may go to `node_id` now: it is among the linked nodes ADDJOB
@@ -270,7 +299,8 @@ class Rereplication:
         job_id = job.id
         inflight = self.inflight
         return 1 + sum(1 for n in job.delivered
-                       if n != target and n in holders and (n, job_id) not in inflight)
+                       if n != target and (n in holders or self.has_copy(n, job_id))
+                       and (n, job_id) not in inflight)
 
     def _send(self, target: bytes, job: Job, now: int, attempts: int) -> None:
         node = self.node
@@ -288,6 +318,7 @@ class Rereplication:
         inflight = self.inflight
         empty = self._empty(target)
         holders = self._holders()
+        copied = self.copied.get(target) or set()
         looked = 0
         while cursor < count and budget > 0 and looked < SCAN_PER_TICK:
             shard = jobs.shard(cursor)
@@ -296,7 +327,8 @@ class Rereplication:
                 continue
             looked += len(shard)
             for job in list(shard.values()):
-                if wanted(job, target) and (target, job.id) not in inflight:
+                if wanted(job, target) and (target, job.id) not in inflight \
+                        and job.id not in copied:
                     budget -= self._restore(job, target, empty, holders, now)
         if cursor >= count and self.node.on_disk:
             # then the jobs on disk (disque.overflow; cursor = shard count + the row to go
@@ -311,7 +343,7 @@ class Rereplication:
                 # walked: the jobs it brings back below are not looked at again (came_back)
                 self.cursors[target] = count + (after or end)
                 for job_id, _ in found:
-                    if (target, job_id) not in inflight:
+                    if (target, job_id) not in inflight and job_id not in copied:
                         back = self._job(job_id)
                         if back is not None and wanted(back, target):
                             budget -= self._restore(back, target, empty, holders, now)
@@ -324,6 +356,7 @@ class Rereplication:
                 return budget
         if cursor >= count:
             del self.cursors[target]
+            self.copied.pop(target, None)  # it counts as a holder of every listed job now
             self.disk_ends.pop(target, None)
         else:
             self.cursors[target] = cursor
@@ -389,8 +422,10 @@ class Rereplication:
                     done.append(key)
                 continue
             done.append(key)
+            if key in inflight or self.has_copy(target, job_id):
+                continue
             job = self._job(job_id)
-            if job is None or not wanted(job, target) or key in inflight:
+            if job is None or not wanted(job, target):
                 continue
             sent = self._restore(job, target, self._empty(target), holders, now)
             self.rechecked += sent

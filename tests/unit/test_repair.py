@@ -236,6 +236,26 @@ def test_a_holder_restarted_empty_and_not_refilled_yet_is_not_counted() -> None:
     assert (C, other, False) in repljobs(r.crons(500))
 
 
+def test_a_holder_being_refilled_counts_for_the_copies_it_confirmed_since() -> None:
+    # chaos random-kill with overflow: a node whose refill took seconds counted no copy
+    # of any job for its holders, even of the jobs it had confirmed, so when a second
+    # holder died nearly every job looked one crash from lost and the urgent walk of the
+    # last holder came too late for those that were
+    r = Rig()
+    while True:
+        jid = r.copy(first=ME)  # this node ranks first among the reachable holders
+        if min((B, C), key=lambda n: rank(n, jid)) == B:
+            break  # (and B first among the nodes that could take a copy)
+        r.node.delete_job(r.node.lookup_job(jid))
+    rr = r.node.rereplication
+    rr.cursors[B] = 0  # B restarted: our walk for it is under way
+    rr.copied[B] = set()
+    r.node.on_message(B, GotJob(Header(B, b"", 7711, 17711, 0), jid))  # it has this one
+    r.drop(A)
+    # two copies counted (ours and B's): one more, on C, not a second one on B
+    assert repljobs(r.crons(1500)) == [(C, jid, False)]
+
+
 def test_jobs_one_crash_from_lost_are_copied_first() -> None:
     # With a large backlog the rate spreads a crash's copies over seconds: the jobs of
     # which this node holds the one reachable copy go first, one copy each, before the

@@ -461,3 +461,41 @@ def test_a_copy_received_again_for_a_job_on_disk_merges_without_a_read(tmp_path)
     node.on_message(B, ReplJob(Header(B, b"", 7711, 17711, 0), job_record(copy, r.now), False))
     back = node.jobs.get(jids[0])
     assert back is not None and set(back.delivered) == {A, B, C, ME} and node.on_disk == 2
+
+
+def test_a_copy_the_restarted_node_confirmed_is_not_sent_again_during_its_refill(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # chaos random-kill with overflow: a queued job went to disk and came back every ~1 s
+    # (its other holders' WILLQUEUEs read it back), and each time it came back into a
+    # shard the walk had passed it was rechecked and sent to the node being refilled
+    # again: ~3 copies a job, up to 10, while that node's refill and the urgent repairs
+    # waited for the same budget
+    r, jids = on_disk_rig(tmp_path, 3)
+    node = r.node
+    rr = node.rereplication
+    r.restart(A)
+    rr.rate = 0
+    r.cron()  # the restart noticed, no walk yet
+    rr.cursors[A] = node.jobs.shard_count()  # the walk is past the registry
+    first, second, third = jids
+    for j in (first, second):  # copies sent (by the walk, or a repair) and confirmed
+        node.on_message(A, GotJob(Header(A, b"", 7711, 17711, 0), j))
+    for j in jids:
+        node.lookup_job(j)  # back from disk into shards the walk passed
+    assert set(rr.rechecks) == {(A, third)}  # only the one A has not confirmed
+    assert rr.has_copy(A, first) and not rr.has_copy(A, third) and not rr.has_copy(B, first)
+    r.ping_from(A, 3)
+    r.cron()  # A restarted again: what it held is gone
+    assert not rr.has_copy(A, first) and A in rr.cursors
+
+
+def test_the_refill_s_walk_skips_the_copies_the_node_confirmed_already() -> None:
+    r = Rig()
+    jids = [r.copy(delivered=(A, ME)) for _ in range(3)]  # short without A: sent to it
+    rr = r.node.rereplication
+    r.restart(A)
+    rr.rate = 0
+    r.cron()  # the restart noticed, no walk yet
+    rr.rate = 5000
+    rr.got_copy(A, jids[0])  # e.g. a repair's copy, confirmed before the walk came to it
+    assert sorted(j for to, j in repljobs(r.cron()) if to == A) == sorted(jids[1:])
+    assert A not in rr.cursors and A not in rr.copied  # walked: A counts as a holder now
