@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from disque.cluster.messages import Header, Queued, WillQueue
 from disque.jobs.deadletter import DeadLetter
 from disque.jobs.job import ACKED, ACTIVE, QUEUED, Job
 from disque.overflow import store as store_module
@@ -20,6 +21,7 @@ from disque.overflow.store import (
     Row,
     fingerprint,
 )
+from tests.unit.noderig import ME, NodeRig
 from tests.unit.test_node import Sim
 
 BODY = b"x" * 1000
@@ -364,3 +366,33 @@ def test_an_emptied_store_starts_a_new_file_and_segment_ids_go_on(tmp_path: Path
     segments = -(-3000 // CHUNK)
     assert store.db.execute("SELECT id FROM chunks").fetchone()[0] == segments + 1
     assert store.take(b"j3") == rows[3][6] and store.take(b"j2999") is None
+
+
+def test_a_willqueue_for_a_job_queued_on_disk_is_answered_without_reading_it_back(
+        tmp_path: Path) -> None:
+    # (chaos random-kill with overflow, RETRY 2: every job queued on disk came back to
+    # memory for its other holders' WILLQUEUEs every two seconds and went out again)
+    A, B, C = b"a" * 40, b"b" * 40, b"c" * 40
+    r = NodeRig({A: b"10.0.0.2", B: b"10.0.0.3", C: b"10.0.0.4"})
+    node = r.node
+    jobs = [node.add_job(b"q", b"%06d" % i, 0, 3, 3600, 2, 0, None, True) for i in range(40)]
+    for job in jobs:
+        assert job.state == QUEUED
+        job.delivered = (A, B, ME)
+    node.maxmemory = 2 * node.mem_used  # (the threshold is half of it: under the jobs)
+    node.overflow.keep = 0
+    node.overflow.enable(str(tmp_path / "jobs.db"), 25, 0)
+    node.overflow.spill(r.now)
+    assert node.on_disk == 40 and all(node.jobs.get(j.id) is None for j in jobs)
+    job = jobs[0]
+    node.out = []
+    node.on_message(A, WillQueue(Header(A, b"", 7711, 17711, 0), job.id))
+    assert sorted((to, type(m), m.aux) for to, m in node.out) == [(A, Queued, 0), (B, Queued, 0)]
+    assert node.jobs.get(job.id) is None and node.on_disk == 40  # left on disk
+    node.out = []
+    # a sender the job does not list: read back, listed from now on, QUEUED to all
+    node.on_message(C, WillQueue(Header(C, b"", 7711, 17711, 0), job.id))
+    back = node.jobs.get(job.id)
+    assert back is not None and C in back.delivered and back.state == QUEUED
+    assert sorted(to for to, m in node.out if type(m) is Queued) == [A, B, C]
+    assert node.on_disk == 39
