@@ -320,7 +320,8 @@ class Tracer:
     every node, for the first TRACE_SHOW of them)."""
 
     FIELDS = ("registered_jobs", "underreplicated_jobs", "repaired_jobs", "overflow_jobs",
-              "rereplication_nodes", "rereplication_pending")
+              "rereplication_nodes", "rereplication_pending", "overflow_written_jobs",
+              "overflow_read_jobs")
 
     def __init__(self, c: ChaosCluster, workdir: Path) -> None:
         self.c = c
