@@ -100,6 +100,11 @@ DISK_DONE = 1 << 62  # a walk's cursor once past the jobs on disk too
 DEFER_MS = 1000
 
 
+# per distinct node list, what one walk step works out for it (`Repair._counted`): its
+# reachable holders, the copies counted, the listed nodes this node is refilling
+NodeLists = dict[tuple[bytes, ...], tuple[list[bytes], int, list[bytes]]]
+
+
 def rank(node_id: bytes, job_id: bytes) -> int:
     """The order in which nodes are chosen to take a new copy of `job_id`: the first 8
     bytes of the node ID XORed with 8 of the job ID's random chars (lowest first)."""
@@ -296,9 +301,8 @@ class Repair:
         has_copy = self.refilling.has_copy
         cursor = self.urgent if urgent else self.cursor
         looked = 0
-        # per distinct node list (jobs added together share one tuple): its reachable
-        # holders and the copies it is short of (holders within their grace count)
-        lists: dict[tuple[bytes, ...], tuple[list[bytes], int, list[bytes]]] = {}
+        # per distinct node list (jobs added together share one tuple)
+        lists: NodeLists = {}
         scan = SCAN_PER_STEP * URGENT_SCAN if urgent else SCAN_PER_STEP
         while looked < scan and budget > 0:
             if cursor < count:
@@ -386,8 +390,7 @@ class Repair:
         return budget
 
     def _counted(self, job_id: bytes, delivered: tuple[bytes, ...],
-                 lists: dict[tuple[bytes, ...], tuple[list[bytes], int, list[bytes]]]
-                 ) -> tuple[list[bytes], int]:
+                 lists: NodeLists) -> tuple[list[bytes], int]:
         """The job's reachable holders (this node, and linked holders that are not being
         refilled by this node's re-replication, or were and confirmed this job's copy
         since, nor waiting for its copy of this job) and its copies counted (those, and
@@ -425,8 +428,7 @@ class Repair:
         return len(live) > 1 and job_id not in self.deferred_seen and myself in live and \
             min(live, key=lambda n: rank(n, job_id)) != myself
 
-    def _may_copy(self, job_id: bytes, listed: bytes, urgent: bool,
-                  lists: dict[tuple[bytes, ...], tuple[list[bytes], int, list[bytes]]]) -> bool:
+    def _may_copy(self, job_id: bytes, listed: bytes, urgent: bool, lists: NodeLists) -> bool:
         """Whether `_walk` may copy a job on disk from here, by its listed nodes (IDs
         concatenated) as the disk has them: the jobs it would skip or leave to another
         holder are not read back (a read by ID costs ~30 us, and a job brought back takes

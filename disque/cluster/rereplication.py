@@ -272,11 +272,8 @@ class Rereplication:
             copied.add(job_id)
 
     def has_copy(self, node_id: bytes, job_id: bytes) -> bool:
-        """Whether `node_id`, being refilled, confirmed a copy of `job_id` since its restart.
-        Without this, a job read back from disk while the refill went on was sent to it
-        again each time (came_back's recheck), and counted no copy there for repair: in
-        chaos random-kill with overflow, a node sent a restarted one each job ~3 times,
-        up to 10, while its urgent repairs of the jobs it alone held came too late."""
+        """Whether `node_id`, being refilled, confirmed a copy of `job_id` since its restart
+        (the module's rules: why a refill keeps them)."""
         copied = self.copied.get(node_id)
         return copied is not None and job_id in copied
 
