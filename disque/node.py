@@ -185,7 +185,7 @@ class Node(NodeState):
             rereplication.confirmed(sender, job_id)  # a copy made again
         if self.repair.inflight:
             self.repair.confirmed(sender, job_id)  # a copy on a new node
-        if rereplication.copied:
+        if rereplication.cursors:
             rereplication.got_copy(sender, job_id)  # a node being refilled holds it
 
     def need_jobs(self, q: Queue, now: int, reached_zero: bool = False) -> None:

@@ -246,7 +246,7 @@ class Requeue:
         if job is None and st.on_disk:
             if self._queued_on_disk(sender, msg):
                 return
-            job = st.lookup_job(msg.job_id)
+            job = st.fault_in(msg.job_id)  # (not in the registry: looked above)
         if job is None:
             if msg.aux & WILLQUEUE_CONFIRM:
                 # collected here: the reloaded copy is a ghost of an acknowledged job.

@@ -92,6 +92,7 @@ from disque.jobs.job import ACTIVE, F_DUMMY, F_RELOADED, QUEUED, Job
 from disque.state import NodeState
 
 DEFAULT_RATE = 5000  # copies per second (rereplicate-rate)
+_NONE: frozenset[bytes] = frozenset()  # no confirmed copy yet
 # A node first heard from this long after our own first cron was down (or unknown) when
 # we started: it may have restarted meanwhile, so it counts as a restarted node. A node
 # that was up answers our first PINGs: in the chaos runs, all were heard by the first cron.
@@ -193,7 +194,7 @@ class Rereplication:
         """`node_id` came back with a new incarnation: walk the registry for its copies
         (from the start again if a walk for it was under way)."""
         self.cursors[node_id] = 0
-        self.copied[node_id] = set()
+        self.copied.pop(node_id, None)  # what it held before is gone
         self.disk_ends.pop(node_id, None)
         for key in [k for k in self.inflight if k[0] == node_id]:
             del self.inflight[key]
@@ -267,8 +268,10 @@ class Rereplication:
     def got_copy(self, sender: bytes, job_id: bytes) -> None:
         """`sender` confirmed a copy of `job_id` (a GOTJOB answering no ADDJOB): a node
         being refilled holds it from now on."""
-        copied = self.copied.get(sender)
-        if copied is not None:
+        if sender in self.cursors:
+            copied = self.copied.get(sender)
+            if copied is None:
+                copied = self.copied[sender] = set()
             copied.add(job_id)
 
     def has_copy(self, node_id: bytes, job_id: bytes) -> bool:
@@ -315,7 +318,7 @@ class Rereplication:
         inflight = self.inflight
         empty = self._empty(target)
         holders = self._holders()
-        copied = self.copied.get(target) or set()
+        copied = self.copied.get(target, _NONE)
         looked = 0
         while cursor < count and budget > 0 and looked < SCAN_PER_TICK:
             shard = jobs.shard(cursor)

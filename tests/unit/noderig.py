@@ -28,6 +28,14 @@ class NodeRig:
     def clock(self) -> int:
         return self.now
 
+    def to_disk(self, path: str) -> None:
+        """Overflow on (issue 22), its file at `path`, and every job held here moved to disk."""
+        node = self.node
+        node.maxmemory = 2 * node.mem_used  # (the threshold is half of it: under the jobs)
+        node.overflow.keep = 0
+        node.overflow.enable(path, 25, 0)
+        node.overflow.spill(self.now)
+
     def connect(self) -> None:
         """Our outbound links to the peers without one come up (copies go only over a
         link): Membership's tick asks for them, the I/O layer reports them connected."""

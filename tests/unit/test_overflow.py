@@ -379,10 +379,7 @@ def test_a_willqueue_for_a_job_queued_on_disk_is_answered_without_reading_it_bac
     for job in jobs:
         assert job.state == QUEUED
         job.delivered = (A, B, ME)
-    node.maxmemory = 2 * node.mem_used  # (the threshold is half of it: under the jobs)
-    node.overflow.keep = 0
-    node.overflow.enable(str(tmp_path / "jobs.db"), 25, 0)
-    node.overflow.spill(r.now)
+    r.to_disk(str(tmp_path / "jobs.db"))
     assert node.on_disk == 40 and all(node.jobs.get(j.id) is None for j in jobs)
     job = jobs[0]
     node.out = []

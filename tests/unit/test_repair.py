@@ -248,8 +248,8 @@ def test_a_holder_being_refilled_counts_for_the_copies_it_confirmed_since() -> N
             break  # (and B first among the nodes that could take a copy)
         r.node.delete_job(r.node.lookup_job(jid))
     rr = r.node.rereplication
-    rr.cursors[B] = 0  # B restarted: our walk for it is under way
-    rr.copied[B] = set()
+    rr.restarted(B)  # B restarted: our walk for it is under way
+    assert rr.cursors == {B: 0}
     r.node.on_message(B, GotJob(Header(B, b"", 7711, 17711, 0), jid))  # it has this one
     r.drop(A)
     # two copies counted (ours and B's): one more, on C, not a second one on B
@@ -312,10 +312,7 @@ def test_jobs_on_disk_are_read_back_only_when_this_node_may_copy_them(tmp_path) 
         r.node.lookup_job(jid).repl = 3
         urgent.append(jid)
     node = r.node
-    node.maxmemory = 2 * node.mem_used  # (the threshold is half of it: under the jobs)
-    node.overflow.keep = 0
-    node.overflow.enable(str(tmp_path / "jobs.db"), 25, 0)
-    node.overflow.spill(r.now)
+    r.to_disk(str(tmp_path / "jobs.db"))
     assert node.on_disk == 20 and all(node.jobs.get(j) is None for j in left + urgent)
     r.drop(A)
     out = repljobs(r.crons(DEFAULT_GRACE_MS + 300))

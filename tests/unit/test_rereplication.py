@@ -381,10 +381,7 @@ def on_disk_rig(tmp_path, n: int = 40) -> tuple[Rig, list[bytes]]:  # type: igno
     r = Rig()
     jids = [r.copy() for _ in range(n)]
     node = r.node
-    node.maxmemory = 2 * node.mem_used  # (the threshold is half of it: under the jobs)
-    node.overflow.keep = 0
-    node.overflow.enable(str(tmp_path / "jobs.db"), 25, 0)
-    node.overflow.spill(r.now)
+    r.to_disk(str(tmp_path / "jobs.db"))
     assert node.on_disk == n and all(node.jobs.get(j) is None for j in jids)
     return r, jids
 
