@@ -64,7 +64,8 @@ def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 300_000
     gc.disable()
     server = Server(load_config(["--maxmemory", "8gb"]))
-    server.loop = asyncio.new_event_loop()  # timers are armed, never run
+    # timers are armed, never run (the per-iteration wiring arms them on the same loop)
+    server.loop = server.iteration.loop = asyncio.new_event_loop()
     add = resp(b"ADDJOB", b"q", b"0123456789abcdef", b"0")
     measure("ADDJOB unpipelined", server, add, 1, n)
     measure("ADDJOB pipelined x16", server, add * 16, 16, n)

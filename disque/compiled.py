@@ -55,15 +55,20 @@ HOT_MODULES: Final = (
     "disque.cluster.repair",
     # the bus: links, framing and flushing (per message on the cluster rows)
     "disque.cluster.bus",
-    # the request path: RESP reader and replies, the client connection, the dispatcher.
-    # Not the job commands (commands/addjob.py, commands/jobs.py): they compile, but
-    # compiled, ADDJOB measured no faster over real sockets (three alternated runs, within
-    # the noise), and GETJOB has not been measured again since the spike saw it slower
+    # the request path: RESP reader and replies, the client connection, the dispatcher,
+    # the command table (read on every request) and the job and queue commands (in process,
+    # benchmarks.dispatch: ADDJOB x16 3.72 -> 2.97 us, GETJOB NOHANG x16 2.26 -> 1.64).
+    # Not the admin commands: none is per job (PING x16 0.75 -> 0.68 us compiled), and
+    # their unit tests run them against a stand-in server that compiled code would refuse
     "disque.protocol.errors",
     "disque.protocol.reader",
     "disque.protocol.reply",
     "disque.connection",
     "disque.dispatch",
+    "disque.commands.registry",
+    "disque.commands.addjob",
+    "disque.commands.jobs",
+    "disque.commands.queues",
     # the loop's per-iteration work: bus routing and delivery, deferred replies, the loop
     # timer, the clock (interpreted in server.py, several calls per job)
     "disque.iteration",
