@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Final, cast
 
 import structlog
 
@@ -195,12 +195,12 @@ class Client(asyncio.Protocol):
 
     # ------------------------------------------------------------------ execution
     def run(self, reqs: list[list[bytes]]) -> None:
-        execute = self.server.dispatch.execute
+        dispatch = self.server.dispatch
         for i, argv in enumerate(reqs):
             if self.reply_mode:
                 self.run_quietly(argv)
             else:
-                execute(self, argv)
+                dispatch.execute(self, argv)
             if self.waiter is not None:
                 rest = reqs[i + 1:]
                 if rest and self.reply_mode == REPLY_ON:
@@ -366,10 +366,10 @@ class Client(asyncio.Protocol):
 
 
 # CLIENT REPLY modes (Client.reply_mode); anything but ON sends requests through run_quietly.
-REPLY_ON = 0
-REPLY_OFF = 1
-REPLY_SKIP_NEXT = 2   # set by CLIENT REPLY SKIP: the next command's reply is dropped
-REPLY_SKIPPING = 3    # that next command is running (or blocked)
+REPLY_ON: Final = 0
+REPLY_OFF: Final = 1
+REPLY_SKIP_NEXT: Final = 2   # set by CLIENT REPLY SKIP: the next command's reply is dropped
+REPLY_SKIPPING: Final = 3    # that next command is running (or blocked)
 
 
 def fmt_addr(addr: object) -> str:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import structlog
 
@@ -45,7 +45,7 @@ log = structlog.get_logger("disque")
 
 # Bus messages that tell the sender a copy is held here: not sent when its record could
 # not be written to the AOF.
-CONFIRMS_COPY = (GotJob, GotJobBatch)
+CONFIRMS_COPY: Final = (GotJob, GotJobBatch)
 
 _time_ns = time.time_ns
 

@@ -17,7 +17,7 @@ stopped (`evict_sample`).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TypeVar
+from typing import Final, TypeVar
 
 from disque.jobs.job import ACKED, F_DELIVERED, QUEUED
 from disque.latency import EVICTION_CYCLE
@@ -25,9 +25,9 @@ from disque.scan import ScanDict
 from disque.state import NodeState
 from disque.timers import Timer
 
-QUEUE_GC_PERIOD = 100  # ms between queue eviction samples
-QUEUE_GC_SHARDS = 16  # queue-table shards sampled per period
-EVICT_SAMPLE = 500  # jobs (then queues) one eviction attempt examines at most
+QUEUE_GC_PERIOD: Final = 100  # ms between queue eviction samples
+QUEUE_GC_SHARDS: Final = 16  # queue-table shards sampled per period
+EVICT_SAMPLE: Final = 500  # jobs (then queues) one eviction attempt examines at most
 
 E = TypeVar("E")  # what a table holds: jobs or queues
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Collection, Iterable, Sequence
-from typing import Any
+from typing import Any, Final
 
 from disque.cluster.acks import Acks
 from disque.cluster.deadletters import DeadLetters
@@ -79,9 +79,9 @@ from disque.timers import Timer
 
 __all__ = ["Node", "Waiter"]
 
-DEFAULT_TTL = 86400
-RETRY_CAP = 300
-CLUSTER_CRON_MS = 100
+DEFAULT_TTL: Final = 86400
+RETRY_CAP: Final = 300
+CLUSTER_CRON_MS: Final = 100
 
 
 def _nothing() -> None:

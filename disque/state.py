@@ -36,7 +36,7 @@ from __future__ import annotations
 import random
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable
-from typing import Protocol
+from typing import Final, Protocol
 
 from disque.cluster.membership import Membership
 from disque.cluster.messages import Header, Message, Queued
@@ -60,15 +60,15 @@ from disque.queues.queue import PAUSE_OUT, Queue
 from disque.scan import ScanDict
 from disque.timers import TimerWheel
 
-REQUEUE_JITTER = 250  # ms: requeue times get uniform [-250, +250) added
+REQUEUE_JITTER: Final = 250  # ms: requeue times get uniform [-250, +250) added
 COLLECTED_MAX = 100_000  # IDs of collected jobs kept to answer reloaded copies (~10 MB)
 
 # Memory estimate (INFO used_memory and the maxmemory rules). The constants are the measured
 # Python cost of a queued job besides its body (JOB_MEMORY, in disque.jobs.job: object, ID,
 # registry and queue slots) and of an empty queue object; `BASE_MEMORY` stands for the
 # server's fixed structures.
-QUEUE_MEMORY = 900
-BASE_MEMORY = 1024 * 1024
+QUEUE_MEMORY: Final = 900
+BASE_MEMORY: Final = 1024 * 1024
 
 
 class Persistence(Protocol):

@@ -27,7 +27,7 @@ from typing import Any, Final, Protocol
 
 RES: Final = 5  # ms per bucket
 NEVER: Final = 1 << 62  # a bucket key no timer reaches: `earliest` of an empty wheel
-_STALE_KEYS_MIN = 1024  # bucket keys of dropped buckets tolerated in the heap
+_STALE_KEYS_MIN: Final = 1024  # bucket keys of dropped buckets tolerated in the heap
 # A bucket is rebuilt once its stale copies reach its live entries plus this: at most
 # live + STALE_SLACK - 1 stale copies per bucket, and a rebuild (a scan of the bucket) per
 # STALE_SLACK stale copies at least. Buckets usually empty whole (dropped, no scan).

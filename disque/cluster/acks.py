@@ -15,15 +15,16 @@ A SETACK for a job still waiting for its copies first ends its replication
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Final
 
 from disque.cluster.messages import DelJob, GotAck, SetAck
 from disque.jobs.ids import id_is_at_least_once, id_ttl_minutes
 from disque.jobs.job import ACKED, F_DUMMY, WAIT_REPL, Job
 from disque.state import NodeState
 
-GC_BASE_MS = 1000
-GC_MAX_MS = 180_000
-GC_MAX_ATTEMPT = 10
+GC_BASE_MS: Final = 1000
+GC_MAX_MS: Final = 180_000
+GC_MAX_ATTEMPT: Final = 10
 
 
 class Acks:

@@ -20,7 +20,7 @@ import os
 import ssl
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from typing import Any, Final, cast
 
 import structlog
 
@@ -52,9 +52,9 @@ from disque.config import specific_binds
 
 log = structlog.get_logger("disque.bus")
 
-MEMBERSHIP_TYPES = frozenset((PING, PONG, MEET, FAIL))
-LINK_OUTPUT_LIMIT = 64 * 1024 * 1024  # bytes queued for a peer that does not read
-CONNECT_TIMEOUT_MAX = 5.0  # seconds
+MEMBERSHIP_TYPES: Final = frozenset((PING, PONG, MEET, FAIL))
+LINK_OUTPUT_LIMIT: Final = 64 * 1024 * 1024  # bytes queued for a peer that does not read
+CONNECT_TIMEOUT_MAX: Final = 5.0  # seconds
 
 
 class BusLink(asyncio.Protocol):

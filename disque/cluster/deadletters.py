@@ -35,6 +35,7 @@ requeues, which may lag behind by the messages it missed.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Final
 
 from disque.cluster.messages import (
     QUEUED_INCR_NACKS,
@@ -52,8 +53,8 @@ from disque.jobs.job import ACTIVE, F_BCAST_WILLQUEUE, F_NACK_DELAYED, QUEUED, J
 from disque.state import NodeState
 from disque.timers import Timer
 
-REDRIVE_TICK_MS = 100
-REDRIVE_SCAN_EXTRA = 1000  # queued jobs a tick looks at past its budget, at most
+REDRIVE_TICK_MS: Final = 100
+REDRIVE_SCAN_EXTRA: Final = 1000  # queued jobs a tick looks at past its budget, at most
 
 
 class RedriveTask:

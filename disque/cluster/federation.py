@@ -13,6 +13,7 @@ dry asks at once (`note_import`, `update_import_rate`). `cluster_cron` runs ever
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Final
 
 from disque.cluster.messages import NeedJobs, SetAck, YourJobs
 from disque.cluster.records import job_from_record, job_record
@@ -20,15 +21,15 @@ from disque.jobs.job import ACKED, ACTIVE, WAIT_REPL
 from disque.queues.queue import PAUSE_IN, PAUSE_OUT, Queue
 from disque.state import NodeState
 
-NEEDJOBS_ADHOC_MS = 25
-NEEDJOBS_ADHOC_MAX_MS = 2000
-NEEDJOBS_BCAST_MS = 2000
-NEEDJOBS_BCAST_MAX_MS = 30_000
-RESPONDER_VALID_MS = 5000
-IMPORT_WINDOW_S = 5
-NEEDJOBS_MIN = 5
-NEEDJOBS_MAX = 100
-NEEDER_HOLD_MS = 1000  # how long an unanswered NEEDJOBS is remembered (see on_needjobs)
+NEEDJOBS_ADHOC_MS: Final = 25
+NEEDJOBS_ADHOC_MAX_MS: Final = 2000
+NEEDJOBS_BCAST_MS: Final = 2000
+NEEDJOBS_BCAST_MAX_MS: Final = 30_000
+RESPONDER_VALID_MS: Final = 5000
+IMPORT_WINDOW_S: Final = 5
+NEEDJOBS_MIN: Final = 5
+NEEDJOBS_MAX: Final = 100
+NEEDER_HOLD_MS: Final = 1000  # how long an unanswered NEEDJOBS is remembered (see on_needjobs)
 
 
 class Federation:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Final
 
 from disque.cluster.effects import (
     SAVE_CONFIG,
@@ -84,16 +84,16 @@ __all__ = [
     "NodesConfError",
 ]
 
-DEFAULT_NODE_TIMEOUT = 15000  # ms (cluster-node-timeout)
-BUS_PORT_OFFSET = 10000
-TICK_MS = 100  # how often the I/O layer calls tick()
-RANDOM_PING_EVERY = 10  # ticks: about once a second
-RANDOM_PING_SAMPLE = 5
-FAIL_REPORT_VALIDITY_MULT = 2
-MIN_HANDSHAKE_TIMEOUT = 1000  # ms
-BLACKLIST_TTL = 60_000  # ms a forgotten node cannot be re-added by gossip (the default)
-RECONNECT_MIN = 100  # ms, first retry after a failed connect; doubles up to RECONNECT_MAX
-RECONNECT_MAX = 1000
+DEFAULT_NODE_TIMEOUT: Final = 15000  # ms (cluster-node-timeout)
+BUS_PORT_OFFSET: Final = 10000
+TICK_MS: Final = 100  # how often the I/O layer calls tick()
+RANDOM_PING_EVERY: Final = 10  # ticks: about once a second
+RANDOM_PING_SAMPLE: Final = 5
+FAIL_REPORT_VALIDITY_MULT: Final = 2
+MIN_HANDSHAKE_TIMEOUT: Final = 1000  # ms
+BLACKLIST_TTL: Final = 60_000  # ms a forgotten node cannot be re-added by gossip (the default)
+RECONNECT_MIN: Final = 100  # ms, first retry after a failed connect; doubles up to RECONNECT_MAX
+RECONNECT_MAX: Final = 1000
 
 
 def _sid(node_id: bytes) -> str:

@@ -67,38 +67,38 @@ import msgpack
 from disque.jobs.deadletter import DeadLetter
 from disque.jobs.job import MAX_JOB_SECONDS
 
-VERSION = 2  # 2: job messages carry lists of jobs (batched frames)
-MAX_FRAME = 64 * 1024 * 1024  # default FrameDecoder limit (bytes of payload)
-INCARNATION_SHIFT = 16  # header flags: the sender's incarnation above its flag bits
-INCARNATION_BITS = 31  # drawn at start (below TLS_PORT_SHIFT)
-INCARNATION_MASK = (1 << INCARNATION_BITS) - 1
-TLS_PORT_FLAG = 0x4000  # header flags: the sender announces its TLS client port
+VERSION: Final = 2  # 2: job messages carry lists of jobs (batched frames)
+MAX_FRAME: Final = 64 * 1024 * 1024  # default FrameDecoder limit (bytes of payload)
+INCARNATION_SHIFT: Final = 16  # header flags: the sender's incarnation above its flag bits
+INCARNATION_BITS: Final = 31  # drawn at start (below TLS_PORT_SHIFT)
+INCARNATION_MASK: Final = (1 << INCARNATION_BITS) - 1
+TLS_PORT_FLAG: Final = 0x4000  # header flags: the sender announces its TLS client port
 # header flags: the sender logs its copies to an AOF (appendonly yes): after a restart it
 # may hold copies again, reloaded (re-replication keeps it on the jobs' lists)
-PERSIST_FLAG = 0x2000
-TLS_PORT_SHIFT = INCARNATION_SHIFT + INCARNATION_BITS  # (16 bits: a u64 that stays positive)
+PERSIST_FLAG: Final = 0x2000
+TLS_PORT_SHIFT: Final = INCARNATION_SHIFT + INCARNATION_BITS  # (16 bits: a u64 that stays positive)
 
 # ---------------------------------------------------------------------------- type numbers
-PING = 0
-PONG = 1
-MEET = 2
-FAIL = 3
+PING: Final = 0
+PONG: Final = 1
+MEET: Final = 2
+FAIL: Final = 3
 # Job messages (payloads defined by the replication issue).
-REPLJOB = 4
-GOTJOB = 5
-ENQUEUE = 6
-QUEUED = 7
-SETACK = 8
-WILLQUEUE = 9
-GOTACK = 10
-DELJOB = 11
-NEEDJOBS = 12
-YOURJOBS = 13
-WORKING = 14
-PAUSE = 15
+REPLJOB: Final = 4
+GOTJOB: Final = 5
+ENQUEUE: Final = 6
+QUEUED: Final = 7
+SETACK: Final = 8
+WILLQUEUE: Final = 9
+GOTACK: Final = 10
+DELJOB: Final = 11
+NEEDJOBS: Final = 12
+YOURJOBS: Final = 13
+WORKING: Final = 14
+PAUSE: Final = 15
 # Link authentication (cluster-password).
-AUTH_CHALLENGE = 16
-AUTH_RESPONSE = 17
+AUTH_CHALLENGE: Final = 16
+AUTH_RESPONSE: Final = 17
 
 TYPE_NAMES: dict[int, str] = {
     PING: "ping", PONG: "pong", MEET: "meet", FAIL: "fail",
@@ -107,12 +107,12 @@ TYPE_NAMES: dict[int, str] = {
     NEEDJOBS: "needjobs", YOURJOBS: "yourjobs", WORKING: "working", PAUSE: "pause",
     AUTH_CHALLENGE: "auth_challenge", AUTH_RESPONSE: "auth_response",
 }
-JOB_TYPES = (REPLJOB, GOTJOB, ENQUEUE, QUEUED, SETACK, WILLQUEUE, GOTACK, DELJOB, NEEDJOBS,
+JOB_TYPES: Final = (REPLJOB, GOTJOB, ENQUEUE, QUEUED, SETACK, WILLQUEUE, GOTACK, DELJOB, NEEDJOBS,
              YOURJOBS, WORKING, PAUSE)
 
-NONCE_SIZE = 32
-DIGEST_SIZE = 32  # HMAC-SHA256
-MAX_IP_LEN = 64
+NONCE_SIZE: Final = 32
+DIGEST_SIZE: Final = 32  # HMAC-SHA256
+MAX_IP_LEN: Final = 64
 
 # One Packer for every frame: `msgpack.packb` is a Python function that builds a Packer
 # (and its buffer) per call, a third of the cost of packing a small payload. The loop is
@@ -124,7 +124,7 @@ _LEN = struct.Struct(">I")
 _pack_len = _LEN.pack
 _unpack_len = _LEN.unpack_from
 _IP = re.compile(rb"[\x21-\x7e]{0,%d}" % MAX_IP_LEN)  # printable, no spaces (nodes.conf)
-_MAX_U64 = (1 << 64) - 1
+_MAX_U64: Final = (1 << 64) - 1
 
 
 class BusProtocolError(Exception):
@@ -363,7 +363,7 @@ def _expect_len(payload: list[Any], n: int, what: str) -> None:
 
 
 _KNOWN_IDS: dict[bytes, bytes] = {}  # node IDs already validated (a cluster has few)
-_KNOWN_IDS_MAX = 4096
+_KNOWN_IDS_MAX: Final = 4096
 
 
 def _node_id(v: Any) -> bytes:
@@ -639,18 +639,18 @@ class BusStats:
 # The job state machines of disque/cluster/jobs.py speak these (the spec's names). A job
 # travels as a JobRecord; its expire time is relative ("ms left"), so the nodes' clocks need
 # not agree.
-QUEUED_INCR_NACKS = 1  # QUEUED flags: bump the receiver's nacks counter...
-QUEUED_INCR_DELIV = 2  # ...or its additional-deliveries counter
+QUEUED_INCR_NACKS: Final = 1  # QUEUED flags: bump the receiver's nacks counter...
+QUEUED_INCR_DELIV: Final = 2  # ...or its additional-deliveries counter
 # Dead-letter state (disque.cluster.deadletters) in the aux of QUEUED and WILLQUEUE:
-QUEUED_STATE_ONLY = 4  # the sender did not queue the job: it only tells its state
-QUEUED_RESET = 8  # a redrive that reset the counters
-QUEUED_UNKNOWN = 16  # (with STATE_ONLY) the answer to a WILLQUEUE_CONFIRM: job collected here
-STATE_REASON_SHIFT = 5  # 2 bits: why the job is dead (disque.jobs.deadletter REASON_*)
-STATE_REASON_MASK = 3
-STATE_EPOCH_SHIFT = 7  # the rest: the job's dead-letter epoch (odd: dead)
+QUEUED_STATE_ONLY: Final = 4  # the sender did not queue the job: it only tells its state
+QUEUED_RESET: Final = 8  # a redrive that reset the counters
+QUEUED_UNKNOWN: Final = 16  # (with STATE_ONLY) the answer to a WILLQUEUE_CONFIRM: job collected here
+STATE_REASON_SHIFT: Final = 5  # 2 bits: why the job is dead (disque.jobs.deadletter REASON_*)
+STATE_REASON_MASK: Final = 3
+STATE_EPOCH_SHIFT: Final = 7  # the rest: the job's dead-letter epoch (odd: dead)
 # WILLQUEUE's aux: the state bits above, and this flag from a copy reloaded from the AOF,
 # which asks every holder to answer (QUEUED STATE_ONLY, with UNKNOWN if it collected the job)
-WILLQUEUE_CONFIRM = 1
+WILLQUEUE_CONFIRM: Final = 1
 
 
 class JobRecord(NamedTuple):
@@ -769,7 +769,7 @@ def _repljob_frame(header: Header, recs: Iterable[JobRecord], noreply: bool) -> 
 new_record = tuple.__new__
 
 
-_MAX_TTL_MS = MAX_JOB_SECONDS * 1000
+_MAX_TTL_MS: Final = MAX_JOB_SECONDS * 1000
 
 
 def _batch_frame(cls: Any, header: Header, items: list[Any], key: Any) -> bytes:

@@ -17,26 +17,26 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
     from disque.cluster.effects import Link
 
-MYSELF = 1
-PFAIL = 2  # "fail?": this node's own timeout observation
-FAIL = 4  # agreed by a majority (or told by a FAIL message)
-HANDSHAKE = 8  # temporary entry with a random ID until the first PONG names it
-NOADDR = 16  # address unknown (its ID answered from another address)
-LEAVING = 32  # set by the node itself (CLUSTER LEAVING yes), copied from its own header
-MEET = 64  # internal: send MEET instead of PING on the next outbound link
+MYSELF: Final = 1
+PFAIL: Final = 2  # "fail?": this node's own timeout observation
+FAIL: Final = 4  # agreed by a majority (or told by a FAIL message)
+HANDSHAKE: Final = 8  # temporary entry with a random ID until the first PONG names it
+NOADDR: Final = 16  # address unknown (its ID answered from another address)
+LEAVING: Final = 32  # set by the node itself (CLUSTER LEAVING yes), copied from its own header
+MEET: Final = 64  # internal: send MEET instead of PING on the next outbound link
 
-_FLAG_NAMES = ((MYSELF, "myself"), (PFAIL, "fail?"), (FAIL, "fail"), (HANDSHAKE, "handshake"),
+_FLAG_NAMES: Final = ((MYSELF, "myself"), (PFAIL, "fail?"), (FAIL, "fail"), (HANDSHAKE, "handshake"),
                (NOADDR, "noaddr"), (LEAVING, "leaving"))
 # Flag names in the order CLUSTER NODES prints them.
 FLAG_ORDER = tuple(name for _, name in _FLAG_NAMES)
 _BY_NAME = {name: bit for bit, name in _FLAG_NAMES}
-WIRE_FLAGS = PFAIL | FAIL | NOADDR | LEAVING  # what a gossip entry carries about a node
-FAILING = PFAIL | FAIL
+WIRE_FLAGS: Final = PFAIL | FAIL | NOADDR | LEAVING  # what a gossip entry carries about a node
+FAILING: Final = PFAIL | FAIL
 
 _NODE_ID = re.compile(r"[0-9a-f]{40}")
 

@@ -7,6 +7,8 @@ re-replication, repair); below them all, so none has to import another for it.
 
 from __future__ import annotations
 
+from typing import Final
+
 from disque.cluster.messages import (
     STATE_EPOCH_SHIFT,
     STATE_REASON_SHIFT,
@@ -48,8 +50,8 @@ def state_bits(job: Job) -> int:
 
 # ---------------------------------------------------------------------- copies in flight
 # Re-replication and repair send copies (REPLJOB) and wait for their GOTJOB the same way.
-CONFIRM_MS = 1000  # a REPLJOB unconfirmed for this long is sent again (lost with a link)
-MAX_ATTEMPTS = 5
+CONFIRM_MS: Final = 1000  # a REPLJOB unconfirmed for this long is sent again (lost with a link)
+MAX_ATTEMPTS: Final = 5
 
 
 def overdue(inflight: dict[tuple[bytes, bytes], tuple[int, int]],

@@ -72,7 +72,7 @@ new nodes and confirmed, since start).
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Final, Protocol
 
 from disque.cluster.messages import ReplJob
 from disque.cluster.nodes import HANDSHAKE, LEAVING, MYSELF
@@ -81,23 +81,23 @@ from disque.jobs.job import ACTIVE, F_DUMMY, F_RELOADED, QUEUED, Job
 from disque.state import NodeState
 from disque.timers import Timer
 
-DEFAULT_RATE = 5000  # copies per second (repair-rate)
-DEFAULT_GRACE_MS = 1000  # a holder unreachable this long has its copies made again
-NODE_ID_LEN = 40  # bytes of a node ID (the disk lists a job's nodes concatenated)
-CRON_PER_SECOND = 10  # the cluster cron runs every 100 ms
-STEP_MS = 10  # a walk goes on in steps this far apart (short pauses for the clients)
-SCAN_PER_STEP = 2000  # jobs looked at per step
-URGENT_SCAN = 4  # the urgent walk looks at this many times more (its test per job is short)
+DEFAULT_RATE: Final = 5000  # copies per second (repair-rate)
+DEFAULT_GRACE_MS: Final = 1000  # a holder unreachable this long has its copies made again
+NODE_ID_LEN: Final = 40  # bytes of a node ID (the disk lists a job's nodes concatenated)
+CRON_PER_SECOND: Final = 10  # the cluster cron runs every 100 ms
+STEP_MS: Final = 10  # a walk goes on in steps this far apart (short pauses for the clients)
+SCAN_PER_STEP: Final = 2000  # jobs looked at per step
+URGENT_SCAN: Final = 4  # the urgent walk looks at this many times more (its test per job is short)
 # copies the urgent walk makes per step (it is not held to repair-rate): up to 50,000 a
 # second, in pauses of a few ms (2,000 a step made a rolling restart's p99 3-4 ms worse)
-URGENT_PER_STEP = 500
-DISK_STEP = 1000  # jobs on disk read at a time (disque.overflow)
-DISK_WEIGHT = 8  # rows SQLite looks at for the cost of one job looked at here
-DISK_DONE = 1 << 62  # a walk's cursor once past the jobs on disk too
+URGENT_PER_STEP: Final = 500
+DISK_STEP: Final = 1000  # jobs on disk read at a time (disque.overflow)
+DISK_WEIGHT: Final = 8  # rows SQLite looks at for the cost of one job looked at here
+DISK_DONE: Final = 1 << 62  # a walk's cursor once past the jobs on disk too
 # A job short of copies is left to the reachable holder ranked first; this long after the
 # walk that left it, the others walk again and copy what is still short (that holder may
 # list the job without holding it)
-DEFER_MS = 1000
+DEFER_MS: Final = 1000
 
 
 # per distinct node list, what one walk step works out for it (`Repair._counted`): its

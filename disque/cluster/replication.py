@@ -24,6 +24,7 @@ the real clock.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from typing import Final
 
 from mypy_extensions import mypyc_attr
 
@@ -43,10 +44,10 @@ from disque.protocol.errors import CommandError, leaving
 from disque.queues.queue import PAUSE_IN, Queue
 from disque.state import NodeState
 
-REPL_RETRY_MS = 50  # one more target every 50 ms while a sync ADDJOB is short
+REPL_RETRY_MS: Final = 50  # one more target every 50 ms while a sync ADDJOB is short
 
-NOREPL_TIMEOUT = "Timeout reached before replicating to the requested number of nodes"
-NOREPL_REMOVED = "job removed (expired?) before the requested replication level was achieved"
+NOREPL_TIMEOUT: Final = "Timeout reached before replicating to the requested number of nodes"
+NOREPL_REMOVED: Final = "job removed (expired?) before the requested replication level was achieved"
 
 
 # Subclassed by the command layer (and the tests), which stays interpreted.

@@ -18,7 +18,7 @@ a requeue, compare the holders' states); messages leave through the state's outb
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Protocol
+from typing import Final, Protocol
 
 from disque.cluster.messages import (
     QUEUED_INCR_DELIV,
@@ -46,7 +46,7 @@ from disque.jobs.job import (
 from disque.protocol.errors import CommandError
 from disque.state import NodeState
 
-RELOAD_CONFIRM_ROUNDS = 3  # RETRY periods a reloaded copy waits for its holders' answers
+RELOAD_CONFIRM_ROUNDS: Final = 3  # RETRY periods a reloaded copy waits for its holders' answers
 
 
 class DeadLetterDoor(Protocol):

@@ -85,33 +85,35 @@ dropped because the job had its copies elsewhere, since start), `rereplication_r
 
 from __future__ import annotations
 
+from typing import Final
+
 from disque.cluster.messages import ReplJob
 from disque.cluster.nodes import HANDSHAKE, MYSELF
 from disque.cluster.records import CONFIRM_MS, MAX_ATTEMPTS, job_record, overdue
 from disque.jobs.job import ACTIVE, F_DUMMY, F_RELOADED, QUEUED, Job
 from disque.state import NodeState
 
-DEFAULT_RATE = 5000  # copies per second (rereplicate-rate)
+DEFAULT_RATE: Final = 5000  # copies per second (rereplicate-rate)
 _NONE: frozenset[bytes] = frozenset()  # no confirmed copy yet
 # A node first heard from this long after our own first cron was down (or unknown) when
 # we started: it may have restarted meanwhile, so it counts as a restarted node. A node
 # that was up answers our first PINGs: in the chaos runs, all were heard by the first cron.
-FIRST_SIGHT_MS = 500
+FIRST_SIGHT_MS: Final = 500
 # Jobs looked at per cron tick and restarted node at most: a walk over a registry of
 # millions that finds few jobs to send (a node that joins, or held few of them) goes on
 # over several ticks instead of pausing the clients for a large part of a second.
-SCAN_PER_TICK = 20000
-DISK_STEP = 1000  # jobs on disk read at a time (disque.overflow)
-DISK_WEIGHT = 8  # rows SQLite looks at for the cost of one job looked at here
-CRON_PER_SECOND = 10  # the cluster cron runs every 100 ms
+SCAN_PER_TICK: Final = 20000
+DISK_STEP: Final = 1000  # jobs on disk read at a time (disque.overflow)
+DISK_WEIGHT: Final = 8  # rows SQLite looks at for the cost of one job looked at here
+CRON_PER_SECOND: Final = 10  # the cluster cron runs every 100 ms
 # How long after a restart copies received listing the restarted node are looked at again
 # (the other holders' walks for it finish within this, at the default rate and backlogs of
 # a million jobs). Only jobs created before we noticed the restart, with SKEW_MS of slack
 # for the nodes' clocks, are (a job created since lists the node because it took a copy
 # after its restart). (Rechecking only the jobs created 500 ms before it lost 600-11,000
 # of 90,000-105,000 jobs in three chaos random-kill runs, against 0-588 with this slack.)
-RECHECK_MS = 30_000
-SKEW_MS = 1000
+RECHECK_MS: Final = 30_000
+SKEW_MS: Final = 1000
 class Rereplication:
     """Held by the node (`node.rereplication`); `tick(now)` from the cluster cron,
     `confirmed(sender, job_id)` for a GOTJOB that answers none of ADDJOB's REPLJOBs.

@@ -5,7 +5,7 @@ Validation order and texts follow the checklist (section 4)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from disque.commands import Caller, command, int_arg, timeout_arg
 from disque.commands.addjob import opt_value, ranged
@@ -297,7 +297,7 @@ def cmd_show(c: Caller, argv: list[bytes]) -> None:
     c.out.append(encode(show_fields(c.node, job), c.proto))
 
 
-_CURSOR_LIMIT = 1 << 64
+_CURSOR_LIMIT: Final = 1 << 64
 
 
 def parse_cursor(token: bytes, cursor: int | None) -> int:

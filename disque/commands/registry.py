@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from disque.protocol.errors import CommandError, err, not_integer
 
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 Handler = Callable[["Caller", list[bytes]], None]  # a string: Caller is for type checks only
 
 # Flag names in the order COMMAND lists them.
-FLAG_ORDER = ("write", "readonly", "denyoom", "admin", "random", "loading", "skip_monitor",
+FLAG_ORDER: Final = ("write", "readonly", "denyoom", "admin", "random", "loading", "skip_monitor",
               "fast")
 
 
@@ -60,8 +60,8 @@ def command(name: str, arity: int, flags: str, noauth: bool = False,
 
 
 _INT = re.compile(rb"[+-]?[0-9]+")
-_I64_MIN = -(1 << 63)
-_I64_MAX = (1 << 63) - 1
+_I64_MIN: Final = -(1 << 63)
+_I64_MAX: Final = (1 << 63) - 1
 
 
 def parse_int(b: bytes) -> int:

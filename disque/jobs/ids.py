@@ -11,9 +11,10 @@ from __future__ import annotations
 import base64
 import os
 from collections.abc import Callable
+from typing import Final
 
-ID_LEN = 40
-_POOL_IDS = 4096
+ID_LEN: Final = 40
+_POOL_IDS: Final = 4096
 
 
 def ttl_field(ttl_seconds: int, retry: int) -> int:

@@ -2,35 +2,35 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
     from disque.jobs.deadletter import DeadLetter
 
-WAIT_REPL = 0
-ACTIVE = 1
-QUEUED = 2
-ACKED = 3
-STATE_NAMES = (b"wait-repl", b"active", b"queued", b"acked")
+WAIT_REPL: Final = 0
+ACTIVE: Final = 1
+QUEUED: Final = 2
+ACKED: Final = 3
+STATE_NAMES: Final = (b"wait-repl", b"active", b"queued", b"acked")
 STATE_BY_NAME = {name: i for i, name in enumerate(STATE_NAMES)}
 
 # The longest TTL and RETRY a job may have, in seconds (10 years). The original took any
 # 64-bit value and wrapped it into the 32-bit fields of its job layout (an absolute etime in
 # seconds, the retry); here such a job broke the bus encoding (a sync ADDJOB then never
 # returned) and came back from the AOF with another expiry. ADDJOB refuses more.
-MAX_JOB_SECONDS = 10 * 365 * 86400
+MAX_JOB_SECONDS: Final = 10 * 365 * 86400
 
 # The measured Python cost of a queued job besides its body (object, ID, registry and queue
 # slots), for INFO used_memory and the maxmemory rules (see disque.node).
-JOB_MEMORY = 480
+JOB_MEMORY: Final = 480
 
 # flags
-F_BCAST_QUEUED = 1  # queued at least once on this node: a later queueing counts a delivery
-F_BCAST_WILLQUEUE = 2  # WILLQUEUE already sent for the current requeue cycle
-F_DELIVERED = 4  # handed to a consumer at least once
-F_DUMMY = 8  # a dummy ACK: an ACKJOB for an ID this node never held
-F_NACK_DELAYED = 16  # NACK DELAY: the next timer requeue is that NACK's, not a new delivery
-F_RELOADED = 32  # read from the AOF: no requeue before another holder confirms it is alive
+F_BCAST_QUEUED: Final = 1  # queued at least once on this node: a later queueing counts a delivery
+F_BCAST_WILLQUEUE: Final = 2  # WILLQUEUE already sent for the current requeue cycle
+F_DELIVERED: Final = 4  # handed to a consumer at least once
+F_DUMMY: Final = 8  # a dummy ACK: an ACKJOB for an ID this node never held
+F_NACK_DELAYED: Final = 16  # NACK DELAY: the next timer requeue is that NACK's, not a new delivery
+F_RELOADED: Final = 32  # read from the AOF: no requeue before another holder confirms it is alive
 
 
 class Job:

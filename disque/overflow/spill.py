@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Collection
+from typing import Final
 
 import structlog
 
@@ -57,21 +58,21 @@ from disque.timers import Timer
 
 log = structlog.get_logger("disque.overflow")
 
-SPILL_PERIOD = 10  # ms between spills while overflowing
-IDLE_PERIOD = 100  # ms between looks while nothing is on disk nor needs to go there
-KEEP = 512  # a queue's oldest jobs in memory, never spilled
-SPILL_BATCH = 2048  # jobs one queue spills at a time (one transaction)
-MIN_BATCH = 16  # a refused batch is tried again smaller, down to this
-REFILL = 512  # jobs brought back to a queue's head at a time
-EXPIRE_BATCH = 1000  # expired jobs brought back per look
-EXPIRE_PERIOD = 100  # ms between looks for expired jobs on disk
-FULL_RETRY_MS = 1000  # after a refused write, no spill before this
-ACTIVE_SHARDS = 512  # registry shards one spill of active jobs looks at, at most
-ACTIVE_ROUNDS = 8  # spills of active jobs per tick, at most
+SPILL_PERIOD: Final = 10  # ms between spills while overflowing
+IDLE_PERIOD: Final = 100  # ms between looks while nothing is on disk nor needs to go there
+KEEP: Final = 512  # a queue's oldest jobs in memory, never spilled
+SPILL_BATCH: Final = 2048  # jobs one queue spills at a time (one transaction)
+MIN_BATCH: Final = 16  # a refused batch is tried again smaller, down to this
+REFILL: Final = 512  # jobs brought back to a queue's head at a time
+EXPIRE_BATCH: Final = 1000  # expired jobs brought back per look
+EXPIRE_PERIOD: Final = 100  # ms between looks for expired jobs on disk
+FULL_RETRY_MS: Final = 1000  # after a refused write, no spill before this
+ACTIVE_SHARDS: Final = 512  # registry shards one spill of active jobs looks at, at most
+ACTIVE_ROUNDS: Final = 8  # spills of active jobs per tick, at most
 # an active job whose timer wants it back sooner than this (ms; its requeue, or the
 # WILLQUEUE before it) stays in memory: it would come back before its place on disk paid
 # for the write and the read (with RETRY 2, chaos runs wrote each job ~5 times)
-ACTIVE_MIN_AWAY = 10_000
+ACTIVE_MIN_AWAY: Final = 10_000
 
 
 class Overflow:

@@ -3,6 +3,8 @@ the one place that turns it into `-PREFIX message\\r\\n`."""
 
 from __future__ import annotations
 
+from typing import Final
+
 
 class CommandError(Exception):
     """A failure that is answered to the client as a RESP error reply."""
@@ -50,9 +52,9 @@ def aof_write_failed(error: str) -> CommandError:
 
 
 # Fixed error replies, pre-encoded for the dispatcher's hot checks.
-NOAUTH_REPLY = b"-NOAUTH Authentication required.\r\n"
-OOM_REPLY = b"-OOM command not allowed when used memory > 'maxmemory'.\r\n"
-LOADING_REPLY = b"-LOADING Disque is loading the dataset in memory\r\n"
+NOAUTH_REPLY: Final = b"-NOAUTH Authentication required.\r\n"
+OOM_REPLY: Final = b"-OOM command not allowed when used memory > 'maxmemory'.\r\n"
+LOADING_REPLY: Final = b"-LOADING Disque is loading the dataset in memory\r\n"
 
 
 class ProtocolError(Exception):

@@ -8,16 +8,16 @@ commands keep their flat-array shapes under RESP3, as the original's clients exp
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from mypy_extensions import mypyc_attr
 
-OK = b"+OK\r\n"
-PONG = b"+PONG\r\n"
-EMPTY_ARRAY = b"*0\r\n"
-NULL_BULK2 = b"$-1\r\n"
-NULL_ARRAY2 = b"*-1\r\n"
-NULL3 = b"_\r\n"
+OK: Final = b"+OK\r\n"
+PONG: Final = b"+PONG\r\n"
+EMPTY_ARRAY: Final = b"*0\r\n"
+NULL_BULK2: Final = b"$-1\r\n"
+NULL_ARRAY2: Final = b"*-1\r\n"
+NULL3: Final = b"_\r\n"
 
 _INTS = [b":%d\r\n" % i for i in range(1024)]
 _ALENS = [b"*%d\r\n" % i for i in range(64)]

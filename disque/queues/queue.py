@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from disque.queues.ordered import OrderedJobs
 
-PAUSE_IN = 1
-PAUSE_OUT = 2
-PAUSE_NAMES = (b"none", b"in", b"out", b"all")
+PAUSE_IN: Final = 1
+PAUSE_OUT: Final = 2
+PAUSE_NAMES: Final = (b"none", b"in", b"out", b"all")
 
 
 class Queue:
