@@ -27,6 +27,10 @@ from disque.protocol.reader import RequestReader
 from disque.protocol.reply import NULL3, NULL_ARRAY2, NULL_BULK2
 
 if TYPE_CHECKING:
+    from disque.aof.manager import AofManager
+    from disque.dispatch import Dispatcher
+    from disque.iteration import Iteration
+    from disque.node import Node
     from disque.server import Server
 
 log = structlog.get_logger("disque")
@@ -36,10 +40,34 @@ log = structlog.get_logger("disque")
 debug_events = [False]  # debug events are on (disque.process.configure_logging sets it)
 
 
+class Shared:
+    """What every client connection reads or counts on each request: the dispatcher, the
+    per-iteration wiring, the network counters, CLIENT PAUSE, the output limits. One object
+    of the server's (`Server.shared`), compiled with the clients, so that each of these is a
+    field read, not a lookup in the interpreted server's attributes (a dozen per request).
+    `dispatch`, `iteration` and `aofm` are set once the server built them."""
+
+    dispatch: Dispatcher
+    iteration: Iteration
+    aofm: AofManager
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.stat_net_input = 0
+        self.stat_net_output = 0
+        self.now_mono = time.monotonic()  # as of the last cron run (idle-client checks)
+        self.clients_paused_until = 0.0  # CLIENT PAUSE: monotonic end, 0 when not paused
+        self.ack_sent = False  # an ACKJOB queued bus messages: route them before replying
+        # client-output-buffer-limit: hard and soft bytes (0: none), soft seconds
+        self.obuf_hard = 0
+        self.obuf_soft = 0
+        self.obuf_soft_seconds = 0
+
+
 class Client(asyncio.Protocol):
     """One client connection."""
 
-    __slots__ = ("server", "node", "id", "transport", "reader", "out", "proto", "null_bulk",
+    __slots__ = ("server", "shared", "node", "id", "transport", "reader", "out", "proto", "null_bulk",
                  "null_array", "authenticated", "name", "addr", "laddr", "ctime",
                  "last_interaction", "waiter", "pending", "closing", "monitor", "last_cmd",
                  "reply_mode", "lib_name", "lib_ver", "soft_limit_since", "held", "held_bytes",
@@ -47,6 +75,7 @@ class Client(asyncio.Protocol):
 
     def __init__(self, server: Server) -> None:
         self.server = server
+        self.shared = server.shared
         self.node = server.node
         self.id = 0
         self.transport: asyncio.Transport | None = None
@@ -131,23 +160,23 @@ class Client(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.write_paused = False
-        if not self.closing and not self.server.clients_paused_until:
+        if not self.closing and not self.shared.clients_paused_until:
             assert self.transport is not None
             self.transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
-        server = self.server
-        server.stat_net_input += len(data)
-        self.last_interaction = server.now_mono
+        shared = self.shared
+        shared.stat_net_input += len(data)
+        self.last_interaction = shared.now_mono
         if self.closing:
             return
-        if self.waiter is not None or server.clients_paused_until:
+        if self.waiter is not None or shared.clients_paused_until:
             self.held.append(data)
             self.held_bytes += len(data)
             if self.held_bytes > self.reader.max_query:
-                server.log_client_error("protocol", "query buffer limit while blocked")
+                self.server.log_client_error("protocol", "query buffer limit while blocked")
                 self.drop("query buffer limit")
-            elif server.clients_paused_until:
+            elif shared.clients_paused_until:
                 # a client accepted during CLIENT PAUSE: uvloop starts reading after
                 # connection_made, so it is paused at its first read
                 assert self.transport is not None
@@ -157,7 +186,7 @@ class Client(asyncio.Protocol):
 
     def process(self, data: bytes) -> None:
         """Parse and run the requests in `data`; replies leave in one write."""
-        server = self.server
+        shared = self.shared
         reqs: list[list[bytes]] = []
         perr = None
         try:
@@ -167,35 +196,35 @@ class Client(asyncio.Protocol):
         if reqs:
             self.run(reqs)
         if perr is not None and not self.closing:
-            server.log_client_error("protocol", str(perr))
+            self.server.log_client_error("protocol", str(perr))
             self.out.append(b"-ERR Protocol error: " + str(perr).encode() + b"\r\n")
             self.closing = True
-            if not server.aofm.hold(self):  # held: the AOF's release writes, then closes
+            if not shared.aofm.hold(self):  # held: the AOF's release writes, then closes
                 self.flush()
                 assert self.transport is not None
                 self.transport.close()
             return
-        aofm = server.aofm
+        aofm = shared.aofm
         if self.out and (aofm.aof is None or not aofm.hold(self)):  # (no AOF: no call)
-            if server.ack_sent:
+            if shared.ack_sent:
                 # An ACKJOB ran: its SETACKs leave before its reply, so an acknowledgement a
                 # client saw is on its way to the other holders even if this node is
                 # killed right after (otherwise they would deliver the job again).
-                server.ack_sent = False
-                server.iteration.route_out()
+                shared.ack_sent = False
+                shared.iteration.route_out()
             # Written at once, from the read callback. Deferring every reply to the end of
             # the loop iteration (as Redis does in beforeSleep) gained 5-13% on the
             # redis-benchmark rows but cost 30-45% of the pipelined produce->consume rate:
             # on loopback the write wakes the peer, which then runs on the other core while
             # this loop serves the rest of the batch.
             self.flush()
-        iteration = server.iteration
-        if server.node.wheel.earliest < iteration.wake_key:
+        iteration = shared.iteration
+        if self.node.wheel.earliest < iteration.wake_key:
             iteration.arm_timer()
 
     # ------------------------------------------------------------------ execution
     def run(self, reqs: list[list[bytes]]) -> None:
-        dispatch = self.server.dispatch
+        dispatch = self.shared.dispatch
         for i, argv in enumerate(reqs):
             if self.reply_mode:
                 self.run_quietly(argv)
@@ -221,7 +250,7 @@ class Client(asyncio.Protocol):
         if mode == REPLY_SKIP_NEXT:
             self.reply_mode = mode = REPLY_SKIPPING
         mark = len(self.out)
-        self.server.dispatch.execute(self, argv)
+        self.shared.dispatch.execute(self, argv)
         if self.waiter is not None:
             return
         if self.reply_mode:  # still OFF, or skipping (REPLY ON answers +OK, and is kept)
@@ -241,7 +270,7 @@ class Client(asyncio.Protocol):
     def run_held(self) -> None:
         """Run the requests that arrived while the client was blocked or paused."""
         while (self.held and self.waiter is None and not self.closing
-               and not self.server.clients_paused_until):
+               and not self.shared.clients_paused_until):
             data = b"".join(self.held)
             self.held = []
             self.held_bytes = 0
@@ -268,7 +297,7 @@ class Client(asyncio.Protocol):
             # several times, pipelined GETJOBs served from one YOURJOBS) are answered in
             # one callback, so the write waits for the end of the loop iteration.
             self.in_deferred = True
-            self.server.iteration.defer_flush(self)
+            self.shared.iteration.defer_flush(self)
         self.run_held()
 
     def forget_marks(self, mark: int) -> None:
@@ -295,25 +324,24 @@ class Client(asyncio.Protocol):
             self.aof_marks.clear()
         data = out[0] if len(out) == 1 else b"".join(out)
         out.clear()
-        server = self.server
-        server.stat_net_output += len(data)
+        shared = self.shared
+        shared.stat_net_output += len(data)
         transport = self.transport
         assert transport is not None
         transport.write(data)
-        hard = server.obuf_hard
-        if hard or server.obuf_soft:
+        if shared.obuf_hard or shared.obuf_soft:
             self.check_output_limits(transport.get_write_buffer_size())
 
     def check_output_limits(self, size: int) -> None:
-        server = self.server
-        if server.obuf_hard and size > server.obuf_hard:
+        shared = self.shared
+        if shared.obuf_hard and size > shared.obuf_hard:
             self.drop("output buffer hard limit")
             return
-        if server.obuf_soft and size > server.obuf_soft:
+        if shared.obuf_soft and size > shared.obuf_soft:
             now = time.monotonic()
             if not self.soft_limit_since:
                 self.soft_limit_since = now
-            elif now - self.soft_limit_since >= server.obuf_soft_seconds:
+            elif now - self.soft_limit_since >= shared.obuf_soft_seconds:
                 self.drop("output buffer soft limit")
         else:
             self.soft_limit_since = 0.0

@@ -28,17 +28,18 @@ class Cron:
         self.server = server
         # (monotonic s, commands, input bytes, output bytes) at each of the last runs
         self.ops_samples: deque[tuple[float, int, int, int]] = deque(maxlen=16)
-        self.gc_full_at = server.now_mono
+        self.gc_full_at = server.shared.now_mono
         self.handle: asyncio.TimerHandle | None = None
 
     def run(self) -> None:
         """Periodic housekeeping at `hz`."""
         server = self.server
         now = time.monotonic()
-        server.now_mono = now
+        shared = server.shared
+        shared.now_mono = now
         cfg = server.cfg
-        self.ops_samples.append((now, server.dispatch.stat_commands, server.stat_net_input,
-                                 server.stat_net_output))
+        self.ops_samples.append((now, server.dispatch.stat_commands, shared.stat_net_input,
+                                 shared.stat_net_output))
         used = server.node.used_memory()
         if used > server.peak_memory:
             server.peak_memory = used
@@ -47,7 +48,7 @@ class Cron:
                 if (c.waiter is None and not c.monitor
                         and now - c.last_interaction > cfg.timeout):
                     c.close()
-        if server.obuf_soft:
+        if shared.obuf_soft:
             for c in list(server.clients.values()):
                 if c.transport is not None and not c.closing:
                     c.check_output_limits(c.transport.get_write_buffer_size())
@@ -73,7 +74,7 @@ class Cron:
         jobs it did so at every tick, 80% of the node's time with 600k jobs.)
         """
         gc.collect(1)
-        now = self.server.now_mono
+        now = self.server.shared.now_mono
         if now - self.gc_full_at >= 60:
             self.gc_full_at = now
             if len(self.server.node.jobs) < 200_000:

@@ -37,7 +37,7 @@ from disque.cluster.membership import Membership, new_node_id
 from disque.cluster.messages import INCARNATION_BITS
 from disque.commands import TABLE, load_all
 from disque.config import Config, on_set, specific_binds
-from disque.connection import Client
+from disque.connection import Client, Shared
 from disque.cron import Cron
 from disque.dispatch import Dispatcher
 from disque.iteration import Iteration, wall_ms
@@ -100,20 +100,19 @@ class Server:
         self.bus = Bus(self.membership, password=cfg.cluster_password,
                        save_config=self.save_nodes_conf,
                        link_changed=self.node.link_changed)
-        self.ack_sent = False  # an ACKJOB queued bus messages: route them before replying
         if fresh:
             self.save_nodes_conf(self.membership.nodes_conf())
         self.bus_handle: asyncio.TimerHandle | None = None
         self.run_id = os.urandom(20).hex()
         self.clients: dict[int, Client] = {}
         self.next_client_id = 0
-        self.clients_paused_until = 0.0  # CLIENT PAUSE: monotonic end, 0 when not paused
         self.pause_handle: asyncio.TimerHandle | None = None
         self.listeners: list[asyncio.AbstractServer] = []
         self.http: HttpSide | None = None  # while http-port is set
         self.tls = TlsListener(self)  # the tls-port listener (disque.tls), if tls-port is set
         self.start_time = time.time()
-        self.now_mono = time.monotonic()
+        # what the clients read and count per request (compiled with them)
+        self.shared = Shared(self.node)
         self.shutting_down = False
         self.stopped: asyncio.Future[None] = asyncio.get_event_loop().create_future()
         self.exit_code = 0
@@ -122,8 +121,6 @@ class Server:
         # stats
         self.stat_connections = 0
         self.stat_rejected = 0
-        self.stat_net_input = 0
-        self.stat_net_output = 0
         self.peak_memory = 0
         self.client_errors: dict[str, float] = {}
         self.cron = Cron(self)
@@ -139,6 +136,9 @@ class Server:
         self.node.on_out = self.iteration.schedule_route
         self.bus.deliver_job_message = self.iteration.on_job_message
         self.dispatch = Dispatcher(cfg, self.node, self.latency, self.aofm, load_all())
+        self.shared.dispatch = self.dispatch
+        self.shared.iteration = self.iteration
+        self.shared.aofm = self.aofm
 
     @property
     def loading(self) -> bool:
@@ -161,7 +161,7 @@ class Server:
             cmd.calls = cmd.usec = cmd.failed = cmd.rejected = 0
         self.stat_connections = self.stat_rejected = 0
         self.dispatch.stat_commands = self.dispatch.stat_unknown_commands = 0
-        self.stat_net_input = self.stat_net_output = 0
+        self.shared.stat_net_input = self.shared.stat_net_output = 0
         self.cron.ops_samples.clear()
         self.peak_memory = self.node.used_memory()
 
@@ -170,9 +170,9 @@ class Server:
         included, until `ms` milliseconds from now; replies still flow. A pause that would
         end earlier than the one in force does not shorten it (Redis)."""
         end = time.monotonic() + ms / 1000
-        if end <= self.clients_paused_until:
+        if end <= self.shared.clients_paused_until:
             return
-        self.clients_paused_until = end
+        self.shared.clients_paused_until = end
         for x in self.clients.values():
             if not x.closing and x.transport is not None:
                 x.transport.pause_reading()
@@ -183,7 +183,7 @@ class Server:
 
     def resume_clients(self) -> None:
         """CLIENT PAUSE is over: every client reads again and runs what it received."""
-        self.clients_paused_until = 0.0
+        self.shared.clients_paused_until = 0.0
         self.pause_handle = None
         for x in list(self.clients.values()):
             x.end_pause()
@@ -197,7 +197,8 @@ class Server:
 
     def apply_limits(self) -> None:
         hard, soft, seconds = self.cfg.client_output_buffer_limit
-        self.obuf_hard, self.obuf_soft, self.obuf_soft_seconds = hard, soft, seconds
+        shared = self.shared
+        shared.obuf_hard, shared.obuf_soft, shared.obuf_soft_seconds = hard, soft, seconds
 
     # ------------------------------------------------------------------ dispatch
     def log_client_error(self, kind: str, detail: str) -> None:

@@ -156,7 +156,7 @@ def cmd_ackjob(c: Caller, argv: list[bytes]) -> None:
     node = c.node
     c.out.append(integer(node.ackjob(job_ids(argv))))
     if node.out:
-        c.server.ack_sent = True  # the SETACKs go before the reply (Client.process)
+        c.server.shared.ack_sent = True  # the SETACKs go before the reply (Client.process)
 
 
 @command("fastack", -1, "write fast")

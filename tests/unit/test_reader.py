@@ -7,6 +7,7 @@ however the network happens to split them into reads.
 
 from __future__ import annotations
 
+import re
 import string
 
 import pytest
@@ -14,7 +15,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from disque.protocol.errors import ProtocolError
-from disque.protocol.reader import INLINE_MAX, RequestReader, split_inline
+from disque.protocol.reader import (
+    INLINE_MAX,
+    RequestReader,
+    has_big_count,
+    request_size,
+    split_inline,
+)
 
 # ---------------------------------------------------------------------------------- helpers
 
@@ -471,3 +478,36 @@ def test_buffered_counts_a_partial_inline_line():
     assert got == [[b"PING"]] and r.buffered() == 3
     r.feed(b"O hi\r\n", got)
     assert got[-1] == [b"ECHO", b"hi"] and r.buffered() == 0
+
+
+# has_big_count replaced a regular expression: it must find exactly what that one found
+_BIG_COUNT = re.compile(rb"\*[0-9]{7,}")
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.binary(max_size=40) | st.text(alphabet="*0123456789\r\n$x", max_size=40)
+       .map(str.encode))
+def test_has_big_count_finds_what_the_regular_expression_finds(data: bytes) -> None:
+    assert has_big_count(data) == (_BIG_COUNT.search(data) is not None)
+
+
+@pytest.mark.parametrize("data, big", [
+    (b"*1234567", True), (b"*123456", False), (b"x*1234567\r\n", True),
+    (b"**1234567", True), (b"*123456*1234567", True), (b"*12345x67890123", False),
+    (b"$5\r\n*1234567\r\n", True), (b"", False), (b"*", False),
+])
+def test_has_big_count_at_the_edges(data: bytes, big: bool) -> None:
+    assert has_big_count(data) is big
+
+
+@given(st.lists(st.binary(max_size=300), min_size=1, max_size=40))
+def test_request_size_is_the_length_of_the_canonical_encoding(args: list[bytes]) -> None:
+    wire = b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%b\r\n" % (len(a), a) for a in args)
+    assert request_size(args) == len(wire)
+
+
+def test_request_size_past_the_tables() -> None:
+    for args in ([b"x" * 70_000], [b"a"] * 1500):  # a 64 KiB+ bulk; 1024+ arguments
+        wire = (b"*%d\r\n" % len(args)
+                + b"".join(b"$%d\r\n%b\r\n" % (len(a), a) for a in args))
+        assert request_size(args) == len(wire)
