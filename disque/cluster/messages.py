@@ -698,12 +698,14 @@ def _job_record(v: Any, table: list[bytes] | None = None,
         raise BusProtocolError("bad job record fields")
     if type(jid) is not bytes or len(jid) != 40:
         raise BusProtocolError("bad job id")
-    # the integers: one test for the usual case, the precise error otherwise
+    # the integers: one test for the usual case, the precise error otherwise. All in
+    # 0..2^64-1 exactly when their bitwise OR is, i.e. when it shifted right by 64 is 0 (a
+    # negative one makes it -1): compiled, native operations on small ints, where
+    # comparisons with 2^64-1 (no small int) went through the generic path, 7 per record
     if not (type(repl) is int and type(ttl_ms) is int and type(ctime) is int
             and type(delay) is int and type(retry) is int and type(nacks) is int
-            and type(deliv) is int and 0 <= repl <= _MAX_U64 and 0 <= ttl_ms <= _MAX_U64
-            and 0 <= ctime <= _MAX_U64 and 0 <= delay <= _MAX_U64 and 0 <= retry <= _MAX_U64
-            and 0 <= nacks <= _MAX_U64 and 0 <= deliv <= _MAX_U64):
+            and type(deliv) is int
+            and (repl | ttl_ms | ctime | delay | retry | nacks | deliv) >> 64 == 0):
         for value, what in ((repl, "repl"), (ttl_ms, "ttl"), (ctime, "ctime"),
                             (delay, "delay"), (retry, "retry"), (nacks, "nacks"),
                             (deliv, "deliveries")):

@@ -376,6 +376,26 @@ def test_job_record_integers_must_still_be_unsigned_64_bit() -> None:
         FrameDecoder().feed(frame(_repljob_fields(-1, 0, 30)))
 
 
+# each integer of a record (repl, ttl, ctime, delay, retry, nacks, deliveries), by index
+@pytest.mark.parametrize("index, what", [(3, "repl"), (4, "ttl"), (5, "ctime"), (6, "delay"),
+                                         (7, "retry"), (8, "nacks"), (9, "deliveries")])
+@pytest.mark.parametrize("bad", [-1, -(1 << 63), True, "1"])
+def test_each_record_integer_outside_unsigned_64_bit_is_refused(index: int, what: str,
+                                                                bad: object) -> None:
+    fields = _repljob_fields(5000, 0, 30)
+    fields[7][0][0][index] = bad
+    with pytest.raises(BusProtocolError, match=f"bad {what}|bad job record fields"):
+        FrameDecoder().feed(frame(fields))
+
+
+def test_record_integers_at_the_top_of_unsigned_64_bit_are_taken() -> None:
+    fields = _repljob_fields(5000, 0, 30)
+    for index in (5, 8, 9):  # (ctime, nacks, deliveries: not capped)
+        fields[7][0][0][index] = (1 << 64) - 1
+    (msg,) = FrameDecoder().feed(frame(fields))
+    assert msg.job.ctime == msg.job.nacks == msg.job.deliveries == (1 << 64) - 1
+
+
 # ---------------------------------------------------------------------------- dead-letter field
 _DL = DeadLetter(3, 2, b"dead", b"q", 600, 1, REASON_MAX_NACKS, 1_700_000_000_000)
 
