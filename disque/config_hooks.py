@@ -56,8 +56,12 @@ def install(server: Server) -> None:
     on_set(cfg, "client-output-buffer-limit", lambda c, name: server.apply_limits())
     for name in CONTEXT_DIRECTIVES:  # the next TLS connection uses the new context
         on_set(cfg, name, server.tls.reload)
-    on_set(cfg, "latency-monitor-threshold",
-           lambda c, name: server.latency.set_threshold(c.latency_monitor_threshold))
+    def set_latency_threshold(c: Config, name: str) -> None:
+        server.latency.set_threshold(c.latency_monitor_threshold)
+        server.dispatch.thresholds_changed()
+
+    on_set(cfg, "latency-monitor-threshold", set_latency_threshold)
+    on_set(cfg, "slowlog-log-slower-than", lambda c, name: server.dispatch.thresholds_changed())
 
     def set_reader_limits(c: Config, name: str) -> None:
         for client in server.clients.values():
