@@ -47,7 +47,7 @@ log = structlog.get_logger("disque")
 # not be written to the AOF.
 CONFIRMS_COPY: Final = (GotJob, GotJobBatch)
 
-_time_ns = time.time_ns
+_time_ns: Final = time.time_ns
 
 
 def wall_ms() -> int:

@@ -118,12 +118,12 @@ MAX_IP_LEN: Final = 64
 # (and its buffer) per call, a third of the cost of packing a small payload. The loop is
 # single-threaded and nothing packed here calls back into Python, so the shared Packer is
 # never re-entered; on an error it drops what it had packed (autoreset).
-_packb = msgpack.Packer().pack
-_unpackb = msgpack.unpackb
-_LEN = struct.Struct(">I")
-_pack_len = _LEN.pack
-_unpack_len = _LEN.unpack_from
-_IP = re.compile(rb"[\x21-\x7e]{0,%d}" % MAX_IP_LEN)  # printable, no spaces (nodes.conf)
+_packb: Final = msgpack.Packer().pack
+_unpackb: Final = msgpack.unpackb
+_LEN: Final = struct.Struct(">I")
+_pack_len: Final = _LEN.pack
+_unpack_len: Final = _LEN.unpack_from
+_IP: Final = re.compile(rb"[\x21-\x7e]{0,%d}" % MAX_IP_LEN)  # printable, no spaces (nodes.conf)
 _MAX_U64: Final = (1 << 64) - 1
 
 
@@ -768,7 +768,7 @@ def _repljob_frame(header: Header, recs: Iterable[JobRecord], noreply: bool) -> 
 
 # JobRecord(...) goes through a generated __new__ (a quarter of the cost of a REPLJOB on
 # the replica's side); records built on the hot paths use the tuple constructor directly.
-new_record = tuple.__new__
+new_record: Final = tuple.__new__
 
 
 _MAX_TTL_MS: Final = MAX_JOB_SECONDS * 1000

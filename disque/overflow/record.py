@@ -4,14 +4,16 @@ restart: no requeue time, second-granular expiry, three of the flags)."""
 
 from __future__ import annotations
 
+from typing import Final
+
 import msgpack
 
 from disque.jobs.deadletter import DeadLetter
 from disque.jobs.job import Job
 
 # one Packer for every job: packb makes a Packer per call (1.26 against 0.47 us a job)
-_packb = msgpack.Packer(autoreset=True).pack
-_unpackb = msgpack.unpackb
+_packb: Final = msgpack.Packer(autoreset=True).pack
+_unpackb: Final = msgpack.unpackb
 
 
 def pack_job(job: Job) -> bytes:
