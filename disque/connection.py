@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from disque.aof.manager import AofManager
     from disque.dispatch import Dispatcher
     from disque.iteration import Iteration
-    from disque.node import Node
     from disque.server import Server
 
 log = structlog.get_logger("disque")
@@ -44,15 +43,12 @@ class Shared:
     """What every client connection reads or counts on each request: the dispatcher, the
     per-iteration wiring, the network counters, CLIENT PAUSE, the output limits. One object
     of the server's (`Server.shared`), compiled with the clients, so that each of these is a
-    field read, not a lookup in the interpreted server's attributes (a dozen per request).
-    `dispatch`, `iteration` and `aofm` are set once the server built them."""
+    field read, not a lookup in the interpreted server's attributes (a dozen per request)."""
 
-    dispatch: Dispatcher
-    iteration: Iteration
-    aofm: AofManager
-
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    def __init__(self, dispatch: Dispatcher, iteration: Iteration, aofm: AofManager) -> None:
+        self.dispatch = dispatch
+        self.iteration = iteration
+        self.aofm = aofm
         self.stat_net_input = 0
         self.stat_net_output = 0
         self.now_mono = time.monotonic()  # as of the last cron run (idle-client checks)

@@ -28,7 +28,7 @@ class Cron:
         self.server = server
         # (monotonic s, commands, input bytes, output bytes) at each of the last runs
         self.ops_samples: deque[tuple[float, int, int, int]] = deque(maxlen=16)
-        self.gc_full_at = server.shared.now_mono
+        self.gc_full_at = time.monotonic()
         self.handle: asyncio.TimerHandle | None = None
 
     def run(self) -> None:

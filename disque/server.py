@@ -111,8 +111,6 @@ class Server:
         self.http: HttpSide | None = None  # while http-port is set
         self.tls = TlsListener(self)  # the tls-port listener (disque.tls), if tls-port is set
         self.start_time = time.time()
-        # what the clients read and count per request (compiled with them)
-        self.shared = Shared(self.node)
         self.shutting_down = False
         self.stopped: asyncio.Future[None] = asyncio.get_event_loop().create_future()
         self.exit_code = 0
@@ -124,8 +122,6 @@ class Server:
         self.peak_memory = 0
         self.client_errors: dict[str, float] = {}
         self.cron = Cron(self)
-        # timers
-        self.apply_limits()
         config_hooks.install(self)
         config_hooks.apply_overflow(self, cfg)  # before the AOF loads: it may overflow
         self.aofm = AofManager(self)
@@ -136,9 +132,9 @@ class Server:
         self.node.on_out = self.iteration.schedule_route
         self.bus.deliver_job_message = self.iteration.on_job_message
         self.dispatch = Dispatcher(cfg, self.node, self.latency, self.aofm, load_all())
-        self.shared.dispatch = self.dispatch
-        self.shared.iteration = self.iteration
-        self.shared.aofm = self.aofm
+        # what the clients read and count per request (compiled with them)
+        self.shared = Shared(self.dispatch, self.iteration, self.aofm)
+        self.apply_limits()
 
     @property
     def loading(self) -> bool:

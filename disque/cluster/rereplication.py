@@ -94,7 +94,7 @@ from disque.jobs.job import ACTIVE, F_DUMMY, F_RELOADED, QUEUED, Job
 from disque.state import NodeState
 
 DEFAULT_RATE: Final = 5000  # copies per second (rereplicate-rate)
-_NONE: frozenset[bytes] = frozenset()  # no confirmed copy yet
+_NONE: Final[frozenset[bytes]] = frozenset()  # no confirmed copy yet
 # A node first heard from this long after our own first cron was down (or unknown) when
 # we started: it may have restarted meanwhile, so it counts as a restarted node. A node
 # that was up answers our first PINGs: in the chaos runs, all were heard by the first cron.

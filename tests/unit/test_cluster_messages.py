@@ -384,7 +384,7 @@ def test_each_record_integer_outside_unsigned_64_bit_is_refused(index: int, what
                                                                 bad: object) -> None:
     fields = _repljob_fields(5000, 0, 30)
     fields[7][0][0][index] = bad
-    with pytest.raises(BusProtocolError, match=f"bad {what}|bad job record fields"):
+    with pytest.raises(BusProtocolError, match=f"^bad {what}$"):
         FrameDecoder().feed(frame(fields))
 
 
