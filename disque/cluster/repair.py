@@ -18,13 +18,19 @@ until it has REPLICATE reachable copies again:
   having confirmed this job's copy since its restart, or that copy not confirmed yet:
   `Refilling.has_copy`): counted, it would hide the job's shortage until its refill, which takes
   seconds with a large backlog, and a second crash in those seconds would lose the job.
-  Fewer than REPLICATE, and the job gets new copies on the nodes without one ranked
-  first for this job (node IDs XORed with the job ID's random chars, as `sender_wins`
-  does, so the new copies spread over the cluster): linked nodes not listed, or listed but
-  restarted empty and not refilled with it yet (no list grows for those; not preferred:
-  a repair's copy there does not make it count as a holder until its refill reaches the
-  job, so the job stayed short and was copied to that node again and again: chaos
-  random-kill lost 3,521 of 73,219 jobs with that preference);
+  Fewer than REPLICATE, and the job gets new copies: first on the nodes it lists that
+  restarted empty and were not refilled with it yet (the copy their refill would send
+  anyway: no list grows, no other holder needs telling, no extra copy to collect later;
+  once confirmed it counts, `has_copy`), then on linked nodes not listed, each group
+  ranked for this job (node IDs XORed with the job ID's random chars, as `sender_wins`
+  does, so the new copies spread over the cluster). In a rolling restart the node killed
+  next shares a sixth of the jobs with the one still being refilled, and these are most
+  of the urgent copies (~90,000 in `benchmarks.downnode`'s rolling kill); ranked with the
+  others, two in three went to a third node, whose copy every holder then learned (a
+  merge) and the ACK GC later collected, while the refill still sent the listed node its
+  own. (Before `has_copy`, preferring the refilled node made the job look short until its
+  refill reached it: copied there again and again, chaos random-kill lost 3,521 of 73,219
+  jobs.);
 - the reachable holders are ranked the same way and the one ranked first makes the
   copies; the others leave the job (`deferred`) and walk again DEFER_MS after their walk
   ends, copying what is still short then. Every holder copying at once doubled the copies
@@ -58,8 +64,10 @@ until it has REPLICATE reachable copies again:
   RETRY > 0, no dummy ACK, no copy reloaded from the AOF that no holder confirmed yet); an
   at-most-once job (RETRY 0) never gets a second copy;
 - the walk goes in steps every STEP_MS, each looking at SCAN_PER_STEP jobs at most and
-  sending the copies the rate allows since the last step, so a walk through millions of
-  jobs pauses the clients for a millisecond or two at a time, not for tens;
+  sending the copies the rate allows since the last step (the urgent walk: every
+  URGENT_STEP_MS, URGENT_SCAN times as many jobs, URGENT_PER_STEP copies), so a walk
+  through millions of jobs pauses the clients for a millisecond or two at a time, not
+  for tens;
 - at most `repair-rate` copies per second (0: off); a copy not
   confirmed within CONFIRM_MS is sent again while its target stays linked, at most
   MAX_ATTEMPTS times (then the target leaves the job's list here); both as re-replication.
@@ -87,10 +95,13 @@ NODE_ID_LEN: Final = 40  # bytes of a node ID (the disk lists a job's nodes conc
 CRON_PER_SECOND: Final = 10  # the cluster cron runs every 100 ms
 STEP_MS: Final = 10  # a walk goes on in steps this far apart (short pauses for the clients)
 SCAN_PER_STEP: Final = 2000  # jobs looked at per step
-URGENT_SCAN: Final = 4  # the urgent walk looks at this many times more (its test per job is short)
-# copies the urgent walk makes per step (it is not held to repair-rate): up to 50,000 a
-# second, in pauses of a few ms (2,000 a step made a rolling restart's p99 3-4 ms worse)
-URGENT_PER_STEP: Final = 500
+URGENT_SCAN: Final = 2  # the urgent walk looks at this many times more (its test per job is short)
+# copies the urgent walk makes per step (it is not held to repair-rate), its steps
+# URGENT_STEP_MS apart: up to 50,000 a second, in pauses of a millisecond or two (2,000
+# a step every 10 ms made a rolling restart's p99 3-4 ms worse; 500 every 10 ms, p99
+# 7.4-8.2 ms against 6.4-6.7 ms for 250 every 5 ms, at the same rolling rate)
+URGENT_PER_STEP: Final = 250
+URGENT_STEP_MS: Final = 5
 DISK_STEP: Final = 1000  # jobs on disk read at a time (disque.overflow)
 DISK_WEIGHT: Final = 8  # rows SQLite looks at for the cost of one job looked at here
 DISK_DONE: Final = 1 << 62  # a walk's cursor once past the jobs on disk too
@@ -236,7 +247,9 @@ class Repair:
         if self.urgent < 0 and self.cursor >= 0 and self.tokens >= 1:
             budget = int(self.tokens)
             self.tokens -= budget - self._walk(now, budget, False)
-        if self.cursor >= 0 or self.urgent >= 0:
+        if self.urgent >= 0:
+            self.node.wheel.schedule(self.timer, now + URGENT_STEP_MS)
+        elif self.cursor >= 0:
             self.node.wheel.schedule(self.timer, now + STEP_MS)
 
     def walk_again(self) -> None:
@@ -363,7 +376,7 @@ class Repair:
                 if urgent:
                     short = 1  # a second copy first; the other walk makes the rest
                 if len(candidates) > short:  # the same choice on every holder
-                    candidates.sort(key=lambda n: rank(n, job_id))
+                    candidates.sort(key=lambda n: (n not in delivered, rank(n, job_id)))
                 targets = candidates[:short]
                 self._copy(job, targets, now)  # (job.delivered is a new tuple now)
                 budget -= len(targets)

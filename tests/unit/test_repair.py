@@ -224,9 +224,9 @@ def test_a_holder_restarted_empty_and_not_refilled_yet_is_not_counted() -> None:
     r.node.rereplication.cursors[B] = 0  # B restarted: our walk for it is under way
     r.drop(A)
     out = repljobs(r.crons(1500))
-    # this node holds the one copy counted: urgent, one copy at once, to the node ranked
-    # first among those without one (B, listed but not refilled yet, or C)
-    assert out == [(min((B, C), key=lambda n: rank(n, jid)), jid, False)]
+    # this node holds the one copy counted: urgent, one copy at once, to B (listed but
+    # not refilled yet: the copy its refill would send) rather than to C
+    assert out == [(B, jid, False)]
     job = r.node.lookup_job(jid)
     assert len(job.delivered) == len(set(job.delivered))  # B is not listed twice
     r.node.rereplication.cursors.clear()
@@ -234,6 +234,28 @@ def test_a_holder_restarted_empty_and_not_refilled_yet_is_not_counted() -> None:
     r.node.rereplication.inflight[(B, other)] = (r.now, 1)  # sent, not confirmed
     r.node.repair.walk_again()
     assert (C, other, False) in repljobs(r.crons(500))
+
+
+def test_a_listed_node_being_refilled_takes_the_copy_before_a_new_node() -> None:
+    # a rolling restart: the node killed next shares a sixth of the jobs with the node
+    # still being refilled. Ranked with the others, two copies in three went to a third
+    # node, which grew the job's list (a merge to every holder, an extra copy to collect
+    # later) while the refill still sent the listed node its own copy
+    r = Rig()
+    while True:
+        jid = r.copy(first=B)
+        if rank(C, jid) < rank(B, jid):
+            break  # C ranks ahead of B for this job
+        r.node.delete_job(r.node.lookup_job(jid))
+    rr = r.node.rereplication
+    rr.restarted(B)  # B restarted: our walk for it is under way
+    r.drop(A)
+    assert repljobs(r.crons(1500)) == [(B, jid, False)]
+    assert r.node.lookup_job(jid).delivered == (A, B, ME)  # no list grows
+    r.node.on_message(B, GotJob(Header(B, b"", 7711, 17711, 0), jid))
+    assert rr.has_copy(B, jid)  # counted from now on: no second copy on B
+    r.node.repair.walk_again()
+    assert repljobs(r.crons(500)) == [(C, jid, False)]  # then the job's third copy
 
 
 def test_a_holder_being_refilled_counts_for_the_copies_it_confirmed_since() -> None:
