@@ -24,9 +24,28 @@ from disque.worker.driver import Driver, EventLog, Fetch
 
 def stop_on_signals(on_stop: Callable[[str], None]) -> Callable[[], None]:
     """Call `on_stop(signal name)` on SIGINT / SIGTERM (from the main thread only, as
-    Python allows); returns the function that puts the previous handlers back."""
+    Python allows); returns the function that puts the previous handlers back.
+
+    Python runs a handler in the main thread between any two bytecodes, also inside the
+    handler under way: a second signal while `on_stop` holds the driver's lock or the log's
+    write lock (neither reentrant) waited for the lock its own thread held, and the worker
+    hung instead of exiting forced (test_second_signal_forces_the_exit, once in CI). A
+    signal that comes while `on_stop` runs is queued and taken by that call once it
+    returns, in order."""
+    pending: list[str] = []
+    busy = [False]
+
     def on_signal(signum: int, frame: object) -> None:
-        on_stop(signal.Signals(signum).name)
+        pending.append(signal.Signals(signum).name)
+        if busy[0]:
+            return  # the call under way takes it
+        while pending:
+            busy[0] = True
+            try:
+                while pending:
+                    on_stop(pending.pop(0))
+            finally:
+                busy[0] = False
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
 
