@@ -28,9 +28,9 @@ until it has REPLICATE reachable copies again:
   of the urgent copies (~90,000 in `benchmarks.downnode`'s rolling kill); ranked with the
   others, two in three went to a third node, whose copy every holder then learned (a
   merge) and the ACK GC later collected, while the refill still sent the listed node its
-  own. (Before `has_copy`, preferring the refilled node made the job look short until its
+  own (before `has_copy`, preferring the refilled node made the job look short until its
   refill reached it: copied there again and again, chaos random-kill lost 3,521 of 73,219
-  jobs.);
+  jobs);
 - the reachable holders are ranked the same way and the one ranked first makes the
   copies; the others leave the job (`deferred`) and walk again DEFER_MS after their walk
   ends, copying what is still short then. Every holder copying at once doubled the copies

@@ -33,19 +33,20 @@ def stop_on_signals(on_stop: Callable[[str], None]) -> Callable[[], None]:
     signal that comes while `on_stop` runs is queued and taken by that call once it
     returns, in order."""
     pending: list[str] = []
-    busy = [False]
+    busy = False
 
     def on_signal(signum: int, frame: object) -> None:
+        nonlocal busy
         pending.append(signal.Signals(signum).name)
-        if busy[0]:
+        if busy:
             return  # the call under way takes it
         while pending:
-            busy[0] = True
+            busy = True
             try:
                 while pending:
                     on_stop(pending.pop(0))
             finally:
-                busy[0] = False
+                busy = False
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
 
