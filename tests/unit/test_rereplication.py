@@ -23,8 +23,9 @@ from disque.cluster.records import CONFIRM_MS, MAX_ATTEMPTS, job_record
 from disque.cluster.rereplication import (
     FIRST_SIGHT_MS,
     RECHECK_MS,
-    SCAN_PER_TICK,
+    SCAN_PER_STEP,
     SKEW_MS,
+    STEP_MS,
 )
 from disque.jobs.job import ACKED, F_RELOADED
 from disque.overflow.store import CHUNK
@@ -159,18 +160,40 @@ def test_a_node_heard_at_once_with_another_incarnation_than_nodes_conf_s_restart
     assert repljobs(r.cron()) == [(A, jid)]
 
 
-def test_a_walk_that_finds_little_to_send_goes_on_over_several_ticks() -> None:
+def test_a_walk_that_finds_little_to_send_goes_on_over_several_steps() -> None:
     r = Rig()
-    for _ in range(2 * SCAN_PER_TICK + 1):
+    for _ in range(2 * SCAN_PER_STEP + 1):
         r.copy(delivered=(B, ME))  # not A's: nothing to send, only jobs to look at
     jid = r.copy()
     r.restart(A)
-    out = r.cron()
-    ticks = 1
+    out = r.cron()  # the cron that notices the restart: the walk's first step
+    assert r.info()["rereplication_nodes"] == 1
+    steps = 1
     while r.info()["rereplication_nodes"]:
-        out += r.cron()
-        ticks += 1
-    assert ticks >= 2 and repljobs(out) == [(A, jid)]
+        r.now += STEP_MS
+        r.node.tick(r.now)
+        out, r.node.out = out + r.node.out, []
+        steps += 1
+    assert steps >= 2 and repljobs(out) == [(A, jid)]
+
+
+def test_the_copies_go_out_in_steps_of_the_rate_s_share() -> None:
+    # one burst of the cron's whole share (500 at the default rate) held up the GOTJOBs of
+    # the ADDJOBs queued behind it at the receiver: each step sends what the rate allows
+    # since the one before
+    r = Rig(rate=5000)
+    r.cron()
+    jobs = {r.copy() for _ in range(300)}
+    r.restart(A)
+    per_step = [len(repljobs(r.cron()))]  # the cron that notices it: the first step
+    while r.info()["rereplication_nodes"]:
+        r.now += STEP_MS
+        r.node.tick(r.now)
+        per_step.append(len(repljobs(r.node.out)))
+        r.node.out = []
+    assert sum(per_step) == len(jobs)
+    # (a step finishes the shard it is in: a few more than its share)
+    assert max(per_step) <= 5000 * STEP_MS // 1000 + 5 and len(per_step) >= 6
 
 
 def test_acked_at_most_once_unconfirmed_reloaded_and_unrelated_jobs_are_not_sent() -> None:
@@ -220,11 +243,12 @@ def test_copies_wait_while_the_link_to_the_restarted_node_is_down() -> None:
 
 
 def test_copies_are_sent_at_most_at_the_configured_rate() -> None:
-    r = Rig(rate=20)  # 2 per cluster cron
+    r = Rig(rate=20)  # 2 per 100 ms
     jids = {r.copy() for _ in range(5)}
     r.restart(A)
     sent = [repljobs(r.cron()) for _ in range(4)]
-    assert [len(s) for s in sent] == [2, 2, 1, 0]
+    # the cron that notices the restart sends one at once (a step's share, at least one)
+    assert [len(s) for s in sent] == [1, 2, 2, 0]
     assert {j for s in sent for _, j in s} == jids
 
 
