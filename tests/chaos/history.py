@@ -198,6 +198,7 @@ class History:
     unanswered: set[str] = field(default_factory=set)  # bodies of ADDJOBs without an ID
     add_latency: list[float] = field(default_factory=list)  # s, per ADDJOB answered with an ID
     deliver_times: dict[str, list[float]] = field(default_factory=dict)
+    deliver_nodes: dict[str, list[int]] = field(default_factory=dict)  # (as deliver_times)
     ack_time: dict[str, float] = field(default_factory=dict)  # first ACKJOB returned
     attempts: int = 0  # ADDJOBs with any outcome: the producers' progress
     deliveries: Counter = field(default_factory=Counter)  # id -> times delivered
@@ -227,6 +228,7 @@ class History:
                     self.delivered_by[node] += 1
                     self.first_delivery.setdefault(jid, t)
                     self.deliver_times.setdefault(jid, []).append(t)
+                    self.deliver_nodes.setdefault(jid, []).append(node)
                     prev = self.delivered_body.setdefault(jid, body)
                     if prev != body:
                         self.errors.append(("body changed", jid, prev, body))
@@ -284,6 +286,18 @@ class History:
                     f"consumer {len(self.forgotten)}; per node deliveries "
                     f"{dict(sorted(self.delivered_by.items()))}; add->first delivery p50 "
                     f"{p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms; errors {len(self.errors)}")
+
+    def after_ack(self) -> list[dict[str, Any]]:
+        """The jobs delivered after an ACKJOB of theirs returned: when each was added and
+        acknowledged, and each delivery (time, node index), for a traced run."""
+        with self.lock:
+            rows = []
+            for jid, t_ack in self.ack_time.items():
+                times = self.deliver_times.get(jid, [])
+                if any(t > t_ack for t in times):
+                    rows.append({"id": jid, "added": self.add_time.get(jid), "acked": t_ack,
+                                 "deliveries": list(zip(times, self.deliver_nodes[jid], strict=True))})
+            return rows
 
     def report(self) -> dict[str, Any]:
         """The figures of a chaos run (issue 13's table): an added-ok job is one whose ADDJOB

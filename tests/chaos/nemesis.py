@@ -317,7 +317,8 @@ class Tracer:
     run's directory, which is kept: `info.jsonl` (every TRACE_EVERY s, each running node's
     INFO jobs and overflow fields), `timeline.jsonl` (kills and starts), and at the end
     `lost.jsonl` (each lost job: when and where it was added, and what SHOW says of it on
-    every node, for the first TRACE_SHOW of them)."""
+    every node, for the first TRACE_SHOW of them) and `after_ack.jsonl` (each job delivered
+    after its ACKJOB returned: when it was added and acknowledged, and its deliveries)."""
 
     FIELDS = ("registered_jobs", "underreplicated_jobs", "repaired_jobs", "overflow_jobs",
               "rereplication_nodes", "rereplication_pending", "overflow_written_jobs",
@@ -351,6 +352,9 @@ class Tracer:
         with open(self.workdir / "timeline.jsonl", "w") as out:
             for t, what, i in self.c.timeline:
                 out.write(json.dumps({"t": t, "what": what, "node": i}) + "\n")
+        with open(self.workdir / "after_ack.jsonl", "w") as out:
+            for row in h.after_ack():
+                out.write(json.dumps(row) + "\n")
         lost = h.undelivered()
         with open(self.workdir / "lost.jsonl", "w") as out:
             for n, jid in enumerate(lost):
