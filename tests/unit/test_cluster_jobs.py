@@ -48,9 +48,9 @@ from disque.cluster.messages import (
 from disque.cluster.nodes import LEAVING, ClusterNode
 from disque.cluster.records import CONFIRM_MS
 from disque.cluster.replication import NOREPL_REMOVED, NOREPL_TIMEOUT, ReplWaiter
-from disque.cluster.requeue import sender_wins
+from disque.cluster.requeue import RELOAD_CONFIRM_ROUNDS, RELOAD_WAIT_ROUNDS, sender_wins
 from disque.jobs.ids import IdGenerator, id_is_at_least_once, id_ttl_minutes
-from disque.jobs.job import ACKED, ACTIVE, F_DUMMY, QUEUED, WAIT_REPL, Job
+from disque.jobs.job import ACKED, ACTIVE, F_DUMMY, F_RELOADED, QUEUED, WAIT_REPL, Job
 from disque.jobs.serialize import deserialize_job, serialize_job
 from disque.node import CLUSTER_CRON_MS as CLUSTER_CRON
 from disque.node import Node, Waiter
@@ -1918,6 +1918,50 @@ def test_a_reloaded_copy_nobody_answers_waits_then_is_requeued_anyway() -> None:
     assert job.state == ACTIVE
     r.advance(job.qtime + 100 - r.now)  # RELOAD_CONFIRM_ROUNDS: silence never loses a job
     assert job.state == QUEUED
+
+
+def test_a_reloaded_copy_waits_for_its_holders_while_none_is_reachable() -> None:
+    """Chaos random-kill-aof seed 3 delivered ~400 jobs 12-15 s after their ACK: a node
+    restarted with its AOF reloaded them while the two holders that had collected them
+    were down; their silence counted, and after RELOAD_CONFIRM_ROUNDS the copies were
+    requeued. Silence from holders that cannot be reached says nothing: those rounds do not
+    count (up to RELOAD_WAIT_ROUNDS in all: a job is never given up)."""
+    r = Rig(peers=(A, B))
+    job = reloaded(r)
+    r.drop_link(A)
+    r.drop_link(B)
+    for _ in range(RELOAD_CONFIRM_ROUNDS + 2):
+        r.advance(job.qtime + 100 - r.now)
+        assert job.state == ACTIVE and r.qlen() == 0
+    r.link(A)  # back: asked at the next WILLQUEUE, it answers "collected"
+    r.advance(job.qtime - 400 - r.now)
+    assert A in targets(r.take(), WillQueue)
+    r.node.on_message(A, Queued(hdr(A), job.id, QUEUED_STATE_ONLY | QUEUED_UNKNOWN))
+    assert r.node.lookup_job(job.id) is None and r.qlen() == 0
+    # no holder ever reachable again: requeued after RELOAD_WAIT_ROUNDS
+    r2 = Rig(peers=(A, B))
+    job2 = reloaded(r2)
+    r2.drop_link(A)
+    r2.drop_link(B)
+    for _ in range(RELOAD_WAIT_ROUNDS - 1):
+        r2.advance(job2.qtime + 100 - r2.now)
+        assert job2.state == ACTIVE
+    r2.advance(job2.qtime + 100 - r2.now)
+    assert job2.state == QUEUED
+
+
+def test_a_reloaded_copy_does_not_vouch_for_another_reloaded_copy() -> None:
+    # chaos random-kill-aof seed 3: two restarted nodes had each missed the ACK while down,
+    # reloaded the job from their AOFs, and answered each other "I have it": requeued
+    r = Rig(peers=(A, B))
+    job = reloaded(r)
+    r.node.on_message(A, WillQueue(hdr(A), job.id, WILLQUEUE_CONFIRM))
+    assert not of(r.take(), Queued)  # silent: our copy proves nothing either
+    r.node.on_message(B, Queued(hdr(B), job.id, QUEUED_STATE_ONLY))  # B has it for real
+    assert not job.flags & F_RELOADED
+    r.node.on_message(A, WillQueue(hdr(A), job.id, WILLQUEUE_CONFIRM))
+    (to, msg), = r.take()
+    assert to == A and msg.aux & QUEUED_STATE_ONLY and not msg.aux & QUEUED_UNKNOWN
 
 
 def test_willqueue_asking_for_an_answer_gets_collected_unknown_or_known() -> None:
