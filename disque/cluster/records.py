@@ -66,3 +66,15 @@ def overdue(inflight: dict[tuple[bytes, bytes], tuple[int, int]],
             break
         due.append((key, attempts))
     return due
+
+
+# ---------------------------------------------------------------------- paced walks
+# Re-replication's and repair's walks send their copies in steps, paced by a rate.
+CRON_PER_SECOND: Final = 10  # the cluster cron runs every 100 ms
+STEP_MS: Final = 10  # a walk goes on in steps this far apart (short pauses for the clients)
+
+
+def allowance(tokens: float, rate: int, elapsed: int) -> float:
+    """The copies `rate` (per second) allows after `elapsed` more ms, `tokens` left from
+    before: never more than one cron's share (a late step makes no larger burst)."""
+    return min(tokens + rate * elapsed / 1000, rate / CRON_PER_SECOND + 1)

@@ -9,8 +9,7 @@ been unreachable (no bus link, or flagged failing) for longer than a grace (`rep
 1000 ms by default, well under `cluster-node-timeout`), the job is copied to other nodes
 until it has REPLICATE reachable copies again:
 
-- each surviving holder walks its registry (shard by shard, `SCAN_PER_TICK` jobs per
-  cluster cron) when a node passes its grace, or when the set of linked nodes changes while
+- each surviving holder walks its registry (shard by shard, in steps: below) when a node passes its grace, or when the set of linked nodes changes while
   some node is past it (a node came back, another went down: a target may have appeared);
 - a job counts its reachable copies: this node, holders with a bus link, and holders still
   within their grace; not a holder that restarted empty and that this node's re-replication
@@ -84,7 +83,14 @@ from typing import Final, Protocol
 
 from disque.cluster.messages import ReplJob
 from disque.cluster.nodes import HANDSHAKE, LEAVING, MYSELF
-from disque.cluster.records import MAX_ATTEMPTS, job_record, overdue
+from disque.cluster.records import (
+    CRON_PER_SECOND,
+    MAX_ATTEMPTS,
+    STEP_MS,
+    allowance,
+    job_record,
+    overdue,
+)
 from disque.jobs.job import ACTIVE, F_DUMMY, F_RELOADED, QUEUED, Job
 from disque.state import NodeState
 from disque.timers import Timer
@@ -92,8 +98,6 @@ from disque.timers import Timer
 DEFAULT_RATE: Final = 5000  # copies per second (repair-rate)
 DEFAULT_GRACE_MS: Final = 1000  # a holder unreachable this long has its copies made again
 NODE_ID_LEN: Final = 40  # bytes of a node ID (the disk lists a job's nodes concatenated)
-CRON_PER_SECOND: Final = 10  # the cluster cron runs every 100 ms
-STEP_MS: Final = 10  # a walk goes on in steps this far apart (short pauses for the clients)
 SCAN_PER_STEP: Final = 2000  # jobs looked at per step
 URGENT_SCAN: Final = 2  # the urgent walk looks at this many times more (its test per job is short)
 # copies the urgent walk makes per step (it is not held to repair-rate), its steps
@@ -238,8 +242,7 @@ class Repair:
         """One step of the walk (the timer's callback; the wheel cleared `awake`)."""
         if (self.cursor < 0 and self.urgent < 0) or not self.rate:
             return
-        self.tokens = min(self.tokens + self.rate * (now - self.last_step) / 1000,
-                          self.rate / CRON_PER_SECOND + 1)
+        self.tokens = allowance(self.tokens, self.rate, now - self.last_step)
         self.last_step = now
         if self.urgent >= 0:
             # one crash from lost: not held to the rate, only to a step's size

@@ -52,7 +52,7 @@ RELOAD_CONFIRM_ROUNDS: Final = 3  # RETRY periods a reloaded copy waits for its 
 # reloaded copies while the two holders that had collected them were down: delivered 12-15 s
 # after their ACK); up to RELOAD_WAIT_ROUNDS periods in all (a job is never given up)
 RELOAD_WAIT_ROUNDS: Final = 10
-_ROUND: Final = 1 << 8  # reload_pending: the periods counted + _ROUND x the periods waited
+_NO_ROUNDS: Final = (0, 0)  # reload_pending: (periods counted, periods waited)
 
 
 class DeadLetterDoor(Protocol):
@@ -84,8 +84,8 @@ class Requeue:
         self.state = state
         self.deadletters = deadletters
         # jobs reloaded from the AOF waiting for a holder to confirm them (F_RELOADED):
-        # job id -> WILLQUEUE rounds so far
-        self.reload_pending: dict[bytes, int] = {}
+        # job id -> (RETRY periods counted, periods waited): see requeue_by_timer
+        self.reload_pending: dict[bytes, tuple[int, int]] = {}
 
     def reload_confirmed(self, job_id: bytes) -> None:
         """Another holder has the reloaded job: it is alive (the flag is cleared)."""
@@ -208,14 +208,13 @@ class Requeue:
         answer), RELOAD_WAIT_ROUNDS periods at most."""
         if job.flags & F_RELOADED:
             st = self.state
-            pending = self.reload_pending.get(job.id, 0)
-            counted = pending % _ROUND
-            waited = pending // _ROUND + 1
+            counted, waited = self.reload_pending.get(job.id, _NO_ROUNDS)
+            waited += 1
             myself = st.myself
             if any(n != myself and st.link_up(n) for n in job.delivered):
                 counted += 1
             if counted < RELOAD_CONFIRM_ROUNDS and waited < RELOAD_WAIT_ROUNDS:
-                self.reload_pending[job.id] = counted + waited * _ROUND
+                self.reload_pending[job.id] = (counted, waited)
                 job.qtime = st.requeue_time(job, now)
                 job.flags &= ~F_BCAST_WILLQUEUE
                 return
@@ -251,7 +250,7 @@ class Requeue:
         aux = state_bits(job)
         if job.flags & F_RELOADED:
             aux |= WILLQUEUE_CONFIRM
-            self.reload_pending.setdefault(job.id, 0)
+            self.reload_pending.setdefault(job.id, _NO_ROUNDS)
         self.state.send_to(job.delivered, WillQueue(self.state.header(), job.id, aux))
 
     def on_willqueue(self, sender: bytes, msg: WillQueue) -> None:

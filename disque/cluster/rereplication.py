@@ -94,7 +94,15 @@ from typing import Final
 
 from disque.cluster.messages import ReplJob
 from disque.cluster.nodes import HANDSHAKE, MYSELF
-from disque.cluster.records import CONFIRM_MS, MAX_ATTEMPTS, job_record, overdue
+from disque.cluster.records import (
+    CONFIRM_MS,
+    CRON_PER_SECOND,
+    MAX_ATTEMPTS,
+    STEP_MS,
+    allowance,
+    job_record,
+    overdue,
+)
 from disque.jobs.job import ACTIVE, F_DUMMY, F_RELOADED, QUEUED, Job
 from disque.state import NodeState
 from disque.timers import Timer
@@ -105,14 +113,12 @@ _NONE: Final[frozenset[bytes]] = frozenset()  # no confirmed copy yet
 # we started: it may have restarted meanwhile, so it counts as a restarted node. A node
 # that was up answers our first PINGs: in the chaos runs, all were heard by the first cron.
 FIRST_SIGHT_MS: Final = 500
-STEP_MS: Final = 10  # the copies go out in steps this far apart (short pauses for clients)
 # Jobs looked at per step and restarted node at most: a walk over a registry of millions
 # that finds few jobs to send (a node that joins, or held few of them) goes on over several
 # steps instead of pausing the clients for a large part of a second.
 SCAN_PER_STEP: Final = 2000
 DISK_STEP: Final = 1000  # jobs on disk read at a time (disque.overflow)
 DISK_WEIGHT: Final = 8  # rows SQLite looks at for the cost of one job looked at here
-CRON_PER_SECOND: Final = 10  # the cluster cron runs every 100 ms (the most a step spends)
 # How long after a restart copies received listing the restarted node are looked at again
 # (the other holders' walks for it finish within this, at the default rate and backlogs of
 # a million jobs). Only jobs created before we noticed the restart, with SKEW_MS of slack
@@ -214,9 +220,7 @@ class Rereplication:
         walk is under way."""
         if not (self.rate and self.cursors):
             return
-        rate = self.rate
-        tokens = min(self.tokens + rate * (now - self.last_step) / 1000,
-                     rate / CRON_PER_SECOND + 1)
+        tokens = allowance(self.tokens, self.rate, now - self.last_step)
         self.last_step = now
         budget = int(tokens)
         left = budget

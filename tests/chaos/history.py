@@ -197,8 +197,7 @@ class History:
     refused: list[tuple] = field(default_factory=list)
     unanswered: set[str] = field(default_factory=set)  # bodies of ADDJOBs without an ID
     add_latency: list[float] = field(default_factory=list)  # s, per ADDJOB answered with an ID
-    deliver_times: dict[str, list[float]] = field(default_factory=dict)
-    deliver_nodes: dict[str, list[int]] = field(default_factory=dict)  # (as deliver_times)
+    deliver_times: dict[str, list[tuple[float, int]]] = field(default_factory=dict)  # (t, node)
     ack_time: dict[str, float] = field(default_factory=dict)  # first ACKJOB returned
     attempts: int = 0  # ADDJOBs with any outcome: the producers' progress
     deliveries: Counter = field(default_factory=Counter)  # id -> times delivered
@@ -227,8 +226,7 @@ class History:
                     self.deliveries[jid] += 1
                     self.delivered_by[node] += 1
                     self.first_delivery.setdefault(jid, t)
-                    self.deliver_times.setdefault(jid, []).append(t)
-                    self.deliver_nodes.setdefault(jid, []).append(node)
+                    self.deliver_times.setdefault(jid, []).append((t, node))
                     prev = self.delivered_body.setdefault(jid, body)
                     if prev != body:
                         self.errors.append(("body changed", jid, prev, body))
@@ -294,9 +292,9 @@ class History:
             rows = []
             for jid, t_ack in self.ack_time.items():
                 times = self.deliver_times.get(jid, [])
-                if any(t > t_ack for t in times):
+                if any(t > t_ack for t, _ in times):
                     rows.append({"id": jid, "added": self.add_time.get(jid), "acked": t_ack,
-                                 "deliveries": list(zip(times, self.deliver_nodes[jid], strict=True))})
+                                 "deliveries": times})
             return rows
 
     def report(self) -> dict[str, Any]:
@@ -320,7 +318,7 @@ class History:
                     unexpected += 1
             after_ack = 0
             for jid, t_ack in self.ack_time.items():
-                after_ack += sum(1 for t in self.deliver_times.get(jid, ()) if t > t_ack)
+                after_ack += sum(1 for t, _ in self.deliver_times.get(jid, ()) if t > t_ack)
             deliveries = sum(self.deliveries.values())
             dups = deliveries - len(self.deliveries)
             lat = sorted(self.add_latency)

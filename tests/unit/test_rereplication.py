@@ -19,13 +19,12 @@ from disque.cluster.messages import (
     ReplJob,
 )
 from disque.cluster.nodes import LEAVING
-from disque.cluster.records import CONFIRM_MS, MAX_ATTEMPTS, job_record
+from disque.cluster.records import CONFIRM_MS, MAX_ATTEMPTS, STEP_MS, job_record
 from disque.cluster.rereplication import (
     FIRST_SIGHT_MS,
     RECHECK_MS,
     SCAN_PER_STEP,
     SKEW_MS,
-    STEP_MS,
 )
 from disque.jobs.job import ACKED, F_RELOADED
 from disque.overflow.store import CHUNK
