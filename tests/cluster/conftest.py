@@ -82,6 +82,13 @@ def reachable(proc: DisqueProcess) -> int:
     return int(cluster_info(proc)["cluster_reachable_nodes"])
 
 
+def handshakes(proc: DisqueProcess) -> int:
+    """Handshake entries in the node table (INFO cluster)."""
+    reply = cmd(proc, "INFO", "cluster")
+    assert isinstance(reply, bytes), reply
+    return int(parse_fields(reply)["cluster_handshake_nodes"])
+
+
 class NodeLine:
     """One parsed CLUSTER NODES line: `<id> <ip>:<port> <flags> <ping> <pong> <link>`."""
 
@@ -181,8 +188,12 @@ class Cluster:
             ok(a, "CLUSTER", "MEET", "127.0.0.1", b.port)
 
     def meshed(self, nodes: list[DisqueProcess] | None = None) -> bool:
+        """Every node reaches the n - 1 others, and none is still in a handshake: two nodes
+        that learned of each other by gossip at once each start one, and the entry (listed
+        by HELLO and CLUSTER NODES, as the original does) lingers until its PONG, after the
+        other node's MEET made them reachable."""
         nodes = self.nodes if nodes is None else nodes
-        return all(reachable(p) == len(nodes) - 1 for p in nodes)
+        return all(reachable(p) == len(nodes) - 1 and handshakes(p) == 0 for p in nodes)
 
     def wait_mesh(self, nodes: list[DisqueProcess] | None = None,
                   timeout: float = MESH_DEADLINE) -> None:
