@@ -39,7 +39,7 @@ from collections.abc import Callable, Collection, Iterable
 from typing import Final, Protocol
 
 from disque.cluster.membership import Membership
-from disque.cluster.messages import Header, Message, Queued
+from disque.cluster.messages import Header, Message, Queued, SetAck
 from disque.cluster.nodes import ClusterNode
 from disque.cluster.records import state_bits
 from disque.jobs.ids import IdGenerator
@@ -274,6 +274,25 @@ class NodeState:
         """QUEUED to the job's other holders: it was queued here (spec: re-queue)."""
         if self.others(job):
             self.send_to(job.delivered, Queued(self.header(), job.id, flags | state_bits(job)))
+
+    def log_holders(self, job: Job) -> None:
+        """The job's node list grew (a copy's merge, a repair): a LOADJOB with the new list
+        goes to the AOF, so that after a restart this node still names every holder (its
+        ACK GC asks them all). Only a job that may still be delivered."""
+        if self.persist is not None and job.state in (ACTIVE, QUEUED):
+            self.persist.loadjob(job)
+
+    def tell_collected(self, sender: bytes, job_id: bytes) -> None:
+        """A holder announced a job (WILLQUEUE, QUEUED, YOURJOBS) this node acknowledged
+        and collected: a holder the collection missed (an ACK GC runs over the lists of the
+        holders it reached, and a list reloaded from the AOF, or one a repair's copy never
+        reached, may not name it). SETACK (may-have 0): the holder acks its copy and
+        collects it over its own list, instead of queueing it again after its ACK (chaos
+        random-kill-aof seed 3: such a copy, queued on a node no list named, was moved by
+        NEEDJOBS to the node that had collected the job and delivered 11 s after its ACK).
+        Nothing for an ID not collected here: it may be the last copy of a live job."""
+        if job_id in self.collected:
+            self.send(sender, SetAck(self.header(), job_id, 0))
 
     # ------------------------------------------------------------------ memory estimate
     @property

@@ -154,6 +154,9 @@ class Federation:
         for rec in msg.jobs:
             job = self.state.lookup_job(rec.id)
             if job is None:
+                if rec.id in self.state.collected:  # acknowledged here: not queued again
+                    self.state.tell_collected(sender, rec.id)
+                    continue
                 job = job_from_record(rec, now)
                 if self.state.myself not in job.delivered:
                     job.delivered = job.delivered + (self.state.myself,)

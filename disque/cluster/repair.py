@@ -464,6 +464,7 @@ class Repair:
         learn the grown list once a new copy is confirmed (`confirmed`)."""
         node = self.node
         job.delivered = job.delivered + tuple(t for t in targets if t not in job.delivered)
+        node.log_holders(job)
         msg = ReplJob(node.header(), job_record(job, now), False)
         for t in targets:
             node.send(t, msg)

@@ -489,8 +489,10 @@ class JobReplication:
                 st.fault_in(job_id)
             known = shard.setdefault(job_id, job)
             if known is not job:
-                known.delivered = known.delivered + tuple(
-                    n for n in rec_delivered if n not in known.delivered)
+                more = tuple(n for n in rec_delivered if n not in known.delivered)
+                if more:
+                    known.delivered = known.delivered + more
+                    st.log_holders(known)
                 if known.flags & F_RELOADED:  # a holder sent it again: it is alive
                     known.flags &= ~F_RELOADED
                     self.reload_confirmed(job_id)

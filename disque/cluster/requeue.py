@@ -267,9 +267,12 @@ class Requeue:
                 # be the last copy of a live job, so let it requeue now.
                 self.state.send(sender, Queued(self.state.header(), msg.job_id, QUEUED_STATE_ONLY | (
                     QUEUED_UNKNOWN if msg.job_id in self.state.collected else 0)))
+            else:
+                self.state.tell_collected(sender, msg.job_id)
             return
         if job.state in (ACTIVE, QUEUED) and sender not in job.delivered:
             job.delivered = job.delivered + (sender,)
+            st.log_holders(job)
         if job.state == ACKED:
             self.state.send(sender, SetAck(self.state.header(), job.id, len(job.delivered)))
             return
@@ -307,6 +310,7 @@ class Requeue:
         answer to a reloaded copy's WILLQUEUE)."""
         job = self.state.lookup_job(msg.job_id)
         if job is None:
+            self.state.tell_collected(sender, msg.job_id)
             return
         aux = msg.aux
         if aux & QUEUED_UNKNOWN:

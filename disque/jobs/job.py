@@ -31,6 +31,7 @@ F_DELIVERED: Final = 4  # handed to a consumer at least once
 F_DUMMY: Final = 8  # a dummy ACK: an ACKJOB for an ID this node never held
 F_NACK_DELAYED: Final = 16  # NACK DELAY: the next timer requeue is that NACK's, not a new delivery
 F_RELOADED: Final = 32  # read from the AOF: no requeue before another holder confirms it is alive
+F_RESTORED: Final = 64  # this object came from an AOF record (not persisted; see jobs.restore)
 
 
 class Job:

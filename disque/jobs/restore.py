@@ -8,7 +8,16 @@ job collected while the node was down waits for a holder to confirm it (F_RELOAD
 
 from __future__ import annotations
 
-from disque.jobs.job import ACKED, ACTIVE, F_BCAST_QUEUED, F_RELOADED, QUEUED, WAIT_REPL, Job
+from disque.jobs.job import (
+    ACKED,
+    ACTIVE,
+    F_BCAST_QUEUED,
+    F_RELOADED,
+    F_RESTORED,
+    QUEUED,
+    WAIT_REPL,
+    Job,
+)
 from disque.state import REQUEUE_JITTER, NodeState
 
 
@@ -26,7 +35,22 @@ def restore_job(state: NodeState, job: Job, enqueue_queued: bool) -> bool:
         return False
     old = state.lookup_job(job.id)
     if old is not None:
-        state.unregister(old)
+        more = tuple(n for n in job.delivered if n not in old.delivered)
+        if not old.flags & F_RESTORED or (old.state == ACKED and job.state != ACKED):
+            # A copy a holder sent over the bus while the AOF loads (the bus is up
+            # meanwhile), or an acknowledgement: newer than this record, so kept, with the
+            # holders the record names too. (Replaced by the record, the holders only that
+            # copy named were forgotten: an ACK GC from this node later missed one, and it
+            # delivered the job 11 s after its ACK.)
+            if more:
+                old.delivered = old.delivered + more
+            if job.state == ACKED:
+                state.ack_job(old)  # acknowledged before the restart: not a live copy
+            return True
+        job.delivered = job.delivered + tuple(n for n in old.delivered
+                                              if n not in job.delivered)
+        state.unregister(old)  # an earlier record of the job
+    job.flags |= F_RESTORED
     if job.state == ACKED:
         # An acknowledgement (see ack_job): kept so that it answers for the job, and
         # collected by the usual GC, starting a second from now.

@@ -1984,6 +1984,101 @@ def test_willqueue_asking_for_an_answer_gets_collected_unknown_or_known() -> Non
     assert to == A and msg.aux == QUEUED_STATE_ONLY and job.state == ACTIVE
 
 
+def collected_here(r: Rig) -> bytes:
+    """The ID of a job this node held and collected (a DELJOB from the bus after its ACK)."""
+    job = r.replica(delivered=(A, ME))
+    r.node.on_message(A, DelJob(hdr(A), job.id))
+    assert r.node.lookup_job(job.id) is None and job.id in r.node.collected
+    r.take()
+    return job.id
+
+
+@pytest.mark.parametrize("kind", ["willqueue", "queued", "yourjobs"])
+def test_a_holder_announcing_a_job_collected_here_is_told_it_was_acknowledged(
+        kind: str) -> None:
+    """Chaos random-kill-aof seed 3: a node no holder's list named (its copy came from a
+    repair; the others' lists, reloaded from their AOFs, had lost it) kept its copy queued
+    after the ACK GC; NEEDJOBS moved it to a node that had collected the job, which took
+    it as new and delivered it 11 s after its ACK. Whatever announces such a copy to a node
+    that collected the job (its WILLQUEUE, its QUEUED, a YOURJOBS) gets a SETACK (may-have
+    0), so its holder acknowledges it and runs the GC over its own list."""
+    r = Rig(peers=(A, B))
+    job_id = collected_here(r)
+    if kind == "willqueue":
+        r.node.on_message(B, WillQueue(hdr(B), job_id, 0))
+    elif kind == "queued":
+        r.node.on_message(B, Queued(hdr(B), job_id, QUEUED_INCR_DELIV))
+    else:
+        r.node.on_message(B, YourJobs(hdr(B), [r.record(job_id=job_id, delivered=(B,))]))
+    (to, msg), = r.take()
+    assert (to, type(msg), msg.job_id, msg.aux) == (B, SetAck, job_id, 0)
+    assert r.node.lookup_job(job_id) is None and r.qlen() == 0  # not brought back here
+    # an ID never held here may be the last copy of a live job: no answer
+    other = r.record().id
+    r.node.on_message(B, WillQueue(hdr(B), other, 0))
+    r.node.on_message(B, Queued(hdr(B), other, 0))
+    assert r.take() == []
+
+
+def test_a_holder_told_its_job_was_acknowledged_collects_it_over_its_own_list() -> None:
+    r = Rig(peers=(A, B))
+    job = r.queued_replica(delivered=(A, B, ME))
+    r.node.on_message(A, SetAck(hdr(A), job.id, 0))
+    assert job.state == ACKED and r.qlen() == 0
+    assert set(targets(r.take(), SetAck)) == {A, B}  # the GC asks every holder it knows
+
+
+def test_a_copy_received_while_the_aof_loads_keeps_the_holders_it_names() -> None:
+    """The bus is up while the AOF loads: a holder's REPLJOB (re-replication, a repair)
+    naming a holder the AOF record does not was replaced by the record when the loader
+    reached it; the node forgot that holder, and its ACK GC later missed it (a copy
+    delivered 11 s after its ACK). The copy stays, with the record's holders too; an
+    acknowledged record still acknowledges it."""
+    r = Rig(peers=(A, B))
+    rec = r.record(delivered=(A, B, ME), repl=3)
+    r.node.on_message(A, ReplJob(hdr(A), rec, False))
+    copy = r.node.lookup_job(rec.id)
+    assert copy is not None
+    saved = Job(rec.id, rec.queue, rec.body, 3, rec.ctime, r.now + rec.ttl_ms, 0, 10,
+                (A, ME, C))
+    saved.state = ACTIVE
+    assert r.node.load_job(saved, False)
+    assert r.node.lookup_job(rec.id) is copy and set(copy.delivered) == {A, B, ME, C}
+    assert not copy.flags & F_RELOADED  # a holder just sent it: alive
+    acked = Job(rec.id, rec.queue, None, 3, rec.ctime, r.now + rec.ttl_ms, 0, 10, (A, ME))
+    acked.state = ACKED
+    assert r.node.load_job(acked, False)
+    assert r.node.lookup_job(rec.id) is copy and copy.state == ACKED
+    # two records of the AOF: the later one stands, with the holders of both
+    first = reloaded(r)
+    later = Job(first.id, first.queue, first.body, 3, first.ctime, first.etime, 0, 10,
+                (A, ME))
+    later.state = ACTIVE
+    later.nacks = 2
+    assert r.node.load_job(later, False)
+    kept = r.node.lookup_job(first.id)
+    assert kept is later and set(kept.delivered) == {A, B, ME} and kept.flags & F_RELOADED
+
+
+def test_a_merge_that_names_a_new_holder_is_logged_to_the_aof() -> None:
+    """A node list grown by a REPLJOB's merge (or a repair) was only in memory: after a
+    restart the AOF named the holders of the first copy, and this node's ACK GC missed the
+    others. The grown list goes to the AOF (a LOADJOB); a merge that adds nobody writes
+    nothing."""
+    r = Rig(peers=(A, B))
+    logged: list[tuple[bytes, tuple[bytes, ...]]] = []
+    r.node.persist = SimpleNamespace(
+        loadjob=lambda job: logged.append((job.id, job.delivered)), addjob=lambda job: None,
+        deljob=lambda job_id: None, ackjob=lambda job: None, last_write_error=None)
+    job = r.replica(delivered=(A, ME))
+    logged.clear()
+    r.node.on_message(A, ReplJob(hdr(A), r.record(job_id=job.id, delivered=(A, ME)), False))
+    assert logged == []
+    r.node.on_message(B, ReplJob(hdr(B), r.record(job_id=job.id, delivered=(A, B, ME)),
+                                 False))
+    assert logged == [(job.id, job.delivered)] and B in job.delivered
+
+
 def test_a_state_only_queued_never_dequeues_or_postpones_our_copy() -> None:
     r = Rig(peers=(A, B))
     job = r.queued_replica(delivered=(A, B, ME))
