@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from typing import Final
 
 from disque.cluster.messages import DelJob, GotAck, SetAck
+from disque.cluster.records import HOLDERS_COUNT_MASK, holders_aux
 from disque.jobs.ids import id_is_at_least_once, id_ttl_minutes
 from disque.jobs.job import ACKED, F_DUMMY, WAIT_REPL, Job
 from disque.state import NodeState
@@ -111,7 +112,7 @@ class Acks:
         if not targets:
             self.state.unregister(job)
             return
-        msg = SetAck(self.state.header(), job.id, len(job.delivered))
+        msg = SetAck(self.state.header(), job.id, 0 if dummy else holders_aux(job.delivered))
         for n in targets:
             self.state.send(n, msg)
         now = self.state.clock()
@@ -122,8 +123,10 @@ class Acks:
         self.state.schedule_job(job)
 
     def on_setack(self, sender: bytes, msg: SetAck) -> None:
-        """ON RECV SETACK(may-have): ack our copy; GOTACK unless we know of more holders, in
-        which case we run the GC ourselves."""
+        """ON RECV SETACK(may-have): ack our copy; GOTACK unless we know of more holders, or
+        of others (`holders_aux`: a digest of the sender's list), in which case we run the
+        GC ourselves; for other holders only if our GC is not under way already (two
+        holders whose lists differ would otherwise start each other's GC again and again)."""
         job = self.state.lookup_job(msg.job_id)
         if job is None:
             self.state.send(sender, GotAck(self.state.header(), msg.job_id, 0))
@@ -134,9 +137,12 @@ class Acks:
             if job is None:
                 self.state.send(sender, GotAck(self.state.header(), msg.job_id, 0))
                 return
+        collecting = job.state == ACKED and job.gc_retry > 0
         self.state.ack_job(job)
-        may_have = msg.aux
-        if len(job.delivered) <= may_have:
+        aux = msg.aux
+        may_have = aux & HOLDERS_COUNT_MASK
+        if len(job.delivered) <= may_have and (
+                collecting or aux <= HOLDERS_COUNT_MASK or holders_aux(job.delivered) == aux):
             self.state.send(sender, GotAck(self.state.header(), job.id, 1))
         else:
             if may_have == 0:

@@ -8,6 +8,7 @@ re-replication, repair); below them all, so none has to import another for it.
 from __future__ import annotations
 
 from typing import Final
+from zlib import crc32
 
 from disque.cluster.messages import (
     STATE_EPOCH_SHIFT,
@@ -16,6 +17,23 @@ from disque.cluster.messages import (
     new_record,
 )
 from disque.jobs.job import ACTIVE, Job
+
+HOLDERS_COUNT_MASK: Final = 0xFFFF  # SETACK's aux: the count below, the digest above
+
+
+def holders_aux(delivered: tuple[bytes, ...]) -> int:
+    """SETACK's aux ("may have"): how many nodes the sender lists for the job, as in the
+    original, and above the low 16 bits a digest of which ones (their IDs' CRC-32 XORed,
+    never 0; 0 there: no digest, as in a SETACK that is an answer, `tell_collected`). The
+    count alone told a holder whose list was longer to collect the job over its own; but
+    lists here also shrink (re-replication unlists a restarted node that has its copies
+    elsewhere), and two of the same length can name different nodes: a holder only one of
+    them named was never asked (chaos random-kill seed 9: a copy delivered 2.8 s after its
+    ACK). With the digest a holder whose list differs collects the job over its own."""
+    digest = 0
+    for n in delivered:
+        digest ^= crc32(n)
+    return ((digest or 1) << 16) | min(len(delivered), HOLDERS_COUNT_MASK)
 
 
 def job_record(job: Job, now: int) -> JobRecord:

@@ -32,7 +32,7 @@ from disque.cluster.messages import (
     WillQueue,
     WorkingJob,
 )
-from disque.cluster.records import state_bits
+from disque.cluster.records import holders_aux, state_bits
 from disque.jobs.job import (
     ACKED,
     ACTIVE,
@@ -274,7 +274,7 @@ class Requeue:
             job.delivered = job.delivered + (sender,)
             st.log_holders(job)
         if job.state == ACKED:
-            self.state.send(sender, SetAck(self.state.header(), job.id, len(job.delivered)))
+            self.state.send(sender, SetAck(self.state.header(), job.id, holders_aux(job.delivered)))
             return
         if (job.dl is not None or msg.aux >> STATE_EPOCH_SHIFT) and \
                 self.deadletters.compare(sender, job, msg.aux):
@@ -320,7 +320,7 @@ class Requeue:
             job.flags &= ~F_RELOADED
             self.reload_pending.pop(job.id, None)
         if job.state == ACKED:
-            self.state.send(sender, SetAck(self.state.header(), job.id, len(job.delivered)))
+            self.state.send(sender, SetAck(self.state.header(), job.id, holders_aux(job.delivered)))
             return
         order = 0
         if job.dl is not None or aux >> STATE_EPOCH_SHIFT:

@@ -46,7 +46,7 @@ from disque.cluster.messages import (
     YourJobs,
 )
 from disque.cluster.nodes import LEAVING, ClusterNode
-from disque.cluster.records import CONFIRM_MS
+from disque.cluster.records import CONFIRM_MS, HOLDERS_COUNT_MASK, holders_aux
 from disque.cluster.replication import NOREPL_REMOVED, NOREPL_TIMEOUT, ReplWaiter
 from disque.cluster.requeue import RELOAD_CONFIRM_ROUNDS, RELOAD_WAIT_ROUNDS, sender_wins
 from disque.jobs.ids import IdGenerator, id_is_at_least_once, id_ttl_minutes
@@ -890,7 +890,8 @@ def test_willqueue_for_an_acked_job_answers_setack_to_the_sender() -> None:
     r.node.ack_job(job)
     r.node.on_message(B, WillQueue(hdr(B), job.id))
     ((to, msg),) = r.take()
-    assert to == B and type(msg) is SetAck and msg.aux == 3
+    assert to == B and type(msg) is SetAck and msg.aux == holders_aux(job.delivered)
+    assert msg.aux & HOLDERS_COUNT_MASK == 3
 
 
 def queued_pair(job_id: bytes) -> tuple[bytes, bytes]:
@@ -952,7 +953,7 @@ def test_queued_for_an_acked_job_answers_setack() -> None:
     r.node.ack_job(job)
     r.node.on_message(B, Queued(hdr(B), job.id, QUEUED_INCR_DELIV))
     ((to, msg),) = r.take()
-    assert to == B and type(msg) is SetAck and msg.aux == 3
+    assert to == B and type(msg) is SetAck and msg.aux == holders_aux(job.delivered)
     assert job.deliveries == 0 and job.state == ACKED
 
 
@@ -1049,7 +1050,9 @@ def test_ackjob_sends_setack_with_the_holder_count_to_every_other_holder() -> No
     assert r.node.ackjob([job.id]) == 1
     assert job.state == ACKED and r.qlen() == 0 and job.confirmed == (ME,)
     out = r.take()
-    assert targets(out, SetAck) == [A, B] and all(m.aux == 3 for _, m in out)
+    assert targets(out, SetAck) == [A, B]
+    assert all(m.aux == holders_aux(job.delivered) for _, m in out)
+    assert all(m.aux & HOLDERS_COUNT_MASK == 3 for _, m in out)
     assert r.node.ackjob([job.id]) == 0  # already acked: only another GC attempt
     assert targets(r.take(), SetAck) == [A, B]
 
@@ -1128,7 +1131,8 @@ def test_setack_from_a_node_knowing_fewer_holders_starts_our_gc_without_gotack()
     out = r.take()
     assert job.state == ACKED
     assert of(out, GotAck) == []
-    assert targets(out, SetAck) == [A, B, C] and all(m.aux == 4 for _, m in of(out, SetAck))
+    assert targets(out, SetAck) == [A, B, C]
+    assert all(m.aux == holders_aux(job.delivered) for _, m in of(out, SetAck))
 
 
 def test_setack_zero_from_a_dummy_ack_answers_gotack_known_and_starts_gc() -> None:
@@ -1137,8 +1141,31 @@ def test_setack_zero_from_a_dummy_ack_answers_gotack_known_and_starts_gc() -> No
     r.node.on_message(B, SetAck(hdr(B), job.id, 0))
     out = r.take()
     assert [(n, m.aux) for n, m in of(out, GotAck)] == [(B, 1)]
-    assert [(n, m.aux) for n, m in of(out, SetAck)] == [(A, 2)]
+    assert [(n, m.aux) for n, m in of(out, SetAck)] == [(A, holders_aux(job.delivered))]
     assert job.state == ACKED
+
+
+def test_setack_from_a_node_listing_other_holders_starts_our_gc_once() -> None:
+    """Lists shrink here too (re-replication unlists a restarted node whose copies are
+    elsewhere): two holders can list as many nodes, but not the same. Chaos random-kill
+    seed 9: the acking node listed (itself, B, A, D), this node (itself, A, B, C); the count
+    alone said "nothing more here", C was never asked and delivered its copy 2.8 s after
+    the ACK. The SETACK's digest of the sender's list tells this node to run the GC over
+    its own; once its GC is under way, another such SETACK only gets a GOTACK (two
+    holders with different lists would otherwise restart each other's GC forever)."""
+    r = Rig(peers=(A, B, C, D))
+    job = r.queued_replica(delivered=(A, B, C, ME))
+    r.node.on_message(A, SetAck(hdr(A), job.id, holders_aux((A, B, D, ME))))
+    out = r.take()
+    assert job.state == ACKED and of(out, GotAck) == []
+    assert targets(out, SetAck) == [A, B, C]
+    r.node.on_message(A, SetAck(hdr(A), job.id, holders_aux((A, B, D, ME))))
+    assert [(n, type(m), m.aux) for n, m in r.take()] == [(A, GotAck, 1)]
+    # the same nodes, in another order: nothing to add
+    r2 = Rig(peers=(A, B, C))
+    job2 = r2.queued_replica(delivered=(A, B, C, ME))
+    r2.node.on_message(B, SetAck(hdr(B), job2.id, holders_aux((ME, C, B, A))))
+    assert [(n, type(m), m.aux) for n, m in r2.take()] == [(B, GotAck, 1)]
 
 
 def test_setack_for_a_job_waiting_for_replication_finishes_the_replication_first() -> None:
