@@ -174,12 +174,23 @@ class Acks:
                 job.confirmed = job.confirmed + (sender,)
         confirmed = job.confirmed
         if all(n in confirmed or not self.state.is_known_node(n) for n in job.delivered):
-            self.state.send_to(job.delivered, DelJob(self.state.header(), job.id))
+            self.state.send_to(job.delivered, DelJob(self.state.header(), job.id,
+                                                     holders_aux(job.delivered)))
             self.state.unregister(job)
 
     def on_deljob(self, sender: bytes, msg: DelJob) -> None:
-        """ON RECV DELJOB: the job is done with cluster-wide (collected or FASTACKed)."""
+        """ON RECV DELJOB: the job is done with cluster-wide (collected or FASTACKed).
+
+        A GC's DELJOB carries the digest of the list it collected over (`holders_aux`, as
+        SETACK). A node running its own GC because its list named other holders goes on
+        with it instead: deleted here, it would stop asking them (chaos random-kill seed 3:
+        a holder that started its GC for a node the acking node's list did not name lost
+        its SETACK with a link reset, then took the acking node's DELJOB; the node never
+        heard of the ACK and delivered its copy 8 s later). Its own DELJOB ends the job."""
         job = self.state.lookup_job(msg.job_id)
+        if job is not None and job.state == ACKED and job.gc_retry > 0 and \
+                msg.aux > HOLDERS_COUNT_MASK and holders_aux(job.delivered) != msg.aux:
+            return
         if job is not None:
             self.state.note_collected(job.id)
             self.state.delete_job(job)

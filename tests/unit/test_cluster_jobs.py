@@ -1135,6 +1135,31 @@ def test_setack_from_a_node_knowing_fewer_holders_starts_our_gc_without_gotack()
     assert all(m.aux == holders_aux(job.delivered) for _, m in of(out, SetAck))
 
 
+def test_a_holder_collecting_over_another_list_is_not_cut_short_by_a_deljob() -> None:
+    """Chaos random-kill seed 3: a holder whose list named C (the acking node's did not)
+    ran its own GC, its SETACK to C went with a link reset, and the acking node's DELJOB
+    deleted the job here: nobody asked C again, and C delivered its copy 8 s after the ACK.
+    A GC's DELJOB carries the digest of its list: a node whose own GC runs over another
+    list goes on with it, and its own DELJOB ends the job."""
+    r = Rig(peers=(A, B, C, D))
+    job = r.queued_replica(delivered=(A, B, C, ME))
+    r.node.on_message(A, SetAck(hdr(A), job.id, holders_aux((A, B, D, ME))))
+    assert targets(r.take(), SetAck) == [A, B, C]  # our GC, C included
+    r.node.on_message(A, DelJob(hdr(A), job.id, holders_aux((A, B, D, ME))))
+    assert r.node.lookup_job(job.id) is job and job.state == ACKED
+    for peer, known in ((A, 0), (B, 1), (C, 1)):
+        r.node.on_message(peer, GotAck(hdr(peer), job.id, known))
+    assert set(targets(r.take(), DelJob)) == {A, B, C}
+    assert r.node.lookup_job(job.id) is None
+    # a DELJOB over the same list, or without a digest (FASTACK), deletes at once
+    for aux in (holders_aux((A, B, C, ME)), 0):
+        other = r.queued_replica(delivered=(A, B, C, ME))
+        r.node.on_message(A, SetAck(hdr(A), other.id, holders_aux((A, B, D, ME))))
+        r.take()
+        r.node.on_message(A, DelJob(hdr(A), other.id, aux))
+        assert r.node.lookup_job(other.id) is None
+
+
 def test_setack_zero_from_a_dummy_ack_answers_gotack_known_and_starts_gc() -> None:
     r = Rig(peers=(A, B))
     job = r.queued_replica(delivered=(A, ME))
