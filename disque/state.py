@@ -41,7 +41,7 @@ from typing import Final, Protocol
 from disque.cluster.membership import Membership
 from disque.cluster.messages import Header, Message, Queued, SetAck
 from disque.cluster.nodes import ClusterNode
-from disque.cluster.records import state_bits
+from disque.cluster.records import holders_aux, state_bits
 from disque.jobs.ids import IdGenerator
 from disque.jobs.job import (
     ACKED,
@@ -281,6 +281,10 @@ class NodeState:
         ACK GC asks them all). Only a job that may still be delivered."""
         if self.persist is not None and job.state in (ACTIVE, QUEUED):
             self.persist.loadjob(job)
+
+    def setack(self, job: Job) -> SetAck:
+        """The SETACK of a job acknowledged here: aux, the nodes we list (`holders_aux`)."""
+        return SetAck(self.header(), job.id, holders_aux(job.delivered))
 
     def tell_collected(self, sender: bytes, job_id: bytes) -> None:
         """A holder announced a job (WILLQUEUE, QUEUED, YOURJOBS) this node acknowledged

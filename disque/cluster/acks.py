@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from typing import Final
 
 from disque.cluster.messages import DelJob, GotAck, SetAck
-from disque.cluster.records import HOLDERS_COUNT_MASK, holders_aux
+from disque.cluster.records import HOLDERS_COUNT_MASK, holders_aux, other_holders
 from disque.jobs.ids import id_is_at_least_once, id_ttl_minutes
 from disque.jobs.job import ACKED, F_DUMMY, WAIT_REPL, Job
 from disque.state import NodeState
@@ -112,7 +112,7 @@ class Acks:
         if not targets:
             self.state.unregister(job)
             return
-        msg = SetAck(self.state.header(), job.id, 0 if dummy else holders_aux(job.delivered))
+        msg = SetAck(self.state.header(), job.id, 0) if dummy else self.state.setack(job)
         for n in targets:
             self.state.send(n, msg)
         now = self.state.clock()
@@ -142,7 +142,7 @@ class Acks:
         aux = msg.aux
         may_have = aux & HOLDERS_COUNT_MASK
         if len(job.delivered) <= may_have and (
-                collecting or aux <= HOLDERS_COUNT_MASK or holders_aux(job.delivered) == aux):
+                collecting or not other_holders(aux, job.delivered)):
             self.state.send(sender, GotAck(self.state.header(), job.id, 1))
         else:
             if may_have == 0:
@@ -189,7 +189,7 @@ class Acks:
         heard of the ACK and delivered its copy 8 s later). Its own DELJOB ends the job."""
         job = self.state.lookup_job(msg.job_id)
         if job is not None and job.state == ACKED and job.gc_retry > 0 and \
-                msg.aux > HOLDERS_COUNT_MASK and holders_aux(job.delivered) != msg.aux:
+                other_holders(msg.aux, job.delivered):
             return
         if job is not None:
             self.state.note_collected(job.id)

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Final
 
-from disque.cluster.messages import NeedJobs, SetAck, YourJobs
-from disque.cluster.records import holders_aux, job_from_record, job_record
+from disque.cluster.messages import NeedJobs, YourJobs
+from disque.cluster.records import job_from_record, job_record
 from disque.jobs.job import ACKED, ACTIVE, WAIT_REPL
 from disque.queues.queue import PAUSE_IN, PAUSE_OUT, Queue
 from disque.state import NodeState
@@ -165,8 +165,7 @@ class Federation:
                     self.state.persist.loadjob(job)
             elif job.state not in (ACTIVE, WAIT_REPL):
                 if job.state == ACKED:
-                    self.state.send(sender, SetAck(self.state.header(), job.id,
-                                                   holders_aux(job.delivered)))
+                    self.state.send(sender, self.state.setack(job))
                 continue
             else:
                 # a copy held here: the sender counted deliveries and NACKs ours never saw

@@ -36,6 +36,12 @@ def holders_aux(delivered: tuple[bytes, ...]) -> int:
     return ((digest or 1) << 16) | min(len(delivered), HOLDERS_COUNT_MASK)
 
 
+def other_holders(aux: int, delivered: tuple[bytes, ...]) -> bool:
+    """Whether a SETACK's or DELJOB's `aux` names a list of holders other than
+    `delivered` (False when it carries no digest: an answer, a dummy ACK, FASTACK)."""
+    return aux > HOLDERS_COUNT_MASK and holders_aux(delivered) != aux
+
+
 def job_record(job: Job, now: int) -> JobRecord:
     """A job as it travels on the bus (expiry relative to the sender's clock)."""
     ttl = job.etime - now

@@ -28,11 +28,10 @@ from disque.cluster.messages import (
     STATE_EPOCH_SHIFT,
     WILLQUEUE_CONFIRM,
     Queued,
-    SetAck,
     WillQueue,
     WorkingJob,
 )
-from disque.cluster.records import holders_aux, state_bits
+from disque.cluster.records import state_bits
 from disque.jobs.job import (
     ACKED,
     ACTIVE,
@@ -274,7 +273,7 @@ class Requeue:
             job.delivered = job.delivered + (sender,)
             st.log_holders(job)
         if job.state == ACKED:
-            self.state.send(sender, SetAck(self.state.header(), job.id, holders_aux(job.delivered)))
+            self.state.send(sender, self.state.setack(job))
             return
         if (job.dl is not None or msg.aux >> STATE_EPOCH_SHIFT) and \
                 self.deadletters.compare(sender, job, msg.aux):
@@ -320,7 +319,7 @@ class Requeue:
             job.flags &= ~F_RELOADED
             self.reload_pending.pop(job.id, None)
         if job.state == ACKED:
-            self.state.send(sender, SetAck(self.state.header(), job.id, holders_aux(job.delivered)))
+            self.state.send(sender, self.state.setack(job))
             return
         order = 0
         if job.dl is not None or aux >> STATE_EPOCH_SHIFT:

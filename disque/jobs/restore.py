@@ -35,15 +35,14 @@ def restore_job(state: NodeState, job: Job, enqueue_queued: bool) -> bool:
         return False
     old = state.lookup_job(job.id)
     if old is not None:
-        more = tuple(n for n in job.delivered if n not in old.delivered)
         if not old.flags & F_RESTORED or (old.state == ACKED and job.state != ACKED):
             # A copy a holder sent over the bus while the AOF loads (the bus is up
             # meanwhile), or an acknowledgement: newer than this record, so kept, with the
             # holders the record names too. (Replaced by the record, the holders only that
             # copy named were forgotten: an ACK GC from this node later missed one, and it
             # delivered the job 11 s after its ACK.)
-            if more:
-                old.delivered = old.delivered + more
+            old.delivered = old.delivered + tuple(n for n in job.delivered
+                                                  if n not in old.delivered)
             if job.state == ACKED:
                 state.ack_job(old)  # acknowledged before the restart: not a live copy
             return True

@@ -285,17 +285,23 @@ class History:
                     f"{dict(sorted(self.delivered_by.items()))}; add->first delivery p50 "
                     f"{p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms; errors {len(self.errors)}")
 
+    def _acked_then_delivered(self) -> list[tuple[str, float, list[tuple[float, int]]]]:
+        """(id, ACKJOB returned, deliveries) of each job delivered after its ACKJOB
+        returned; the caller holds the lock."""
+        rows = []
+        for jid, t_ack in self.ack_time.items():
+            times = self.deliver_times.get(jid, [])
+            if any(t > t_ack for t, _ in times):
+                rows.append((jid, t_ack, times))
+        return rows
+
     def after_ack(self) -> list[dict[str, Any]]:
         """The jobs delivered after an ACKJOB of theirs returned: when each was added and
         acknowledged, and each delivery (time, node index), for a traced run."""
         with self.lock:
-            rows = []
-            for jid, t_ack in self.ack_time.items():
-                times = self.deliver_times.get(jid, [])
-                if any(t > t_ack for t, _ in times):
-                    rows.append({"id": jid, "added": self.add_time.get(jid), "acked": t_ack,
-                                 "deliveries": times})
-            return rows
+            return [{"id": jid, "added": self.add_time.get(jid), "acked": t_ack,
+                     "deliveries": times}
+                    for jid, t_ack, times in self._acked_then_delivered()]
 
     def report(self) -> dict[str, Any]:
         """The figures of a chaos run (issue 13's table): an added-ok job is one whose ADDJOB
@@ -316,9 +322,8 @@ class History:
                     recovered += 1
                 else:
                     unexpected += 1
-            after_ack = 0
-            for jid, t_ack in self.ack_time.items():
-                after_ack += sum(1 for t, _ in self.deliver_times.get(jid, ()) if t > t_ack)
+            after_ack = sum(1 for _, t_ack, times in self._acked_then_delivered()
+                            for t, _ in times if t > t_ack)
             deliveries = sum(self.deliveries.values())
             dups = deliveries - len(self.deliveries)
             lat = sorted(self.add_latency)
