@@ -103,6 +103,10 @@ class NodeState:
         self.myself = myself  # 40 hex chars, as bytes
         self.self_only = (myself,)  # the `delivered` list of a job only this node holds
         self.clock = clock
+        # a job created before this (ctime: ms x 1e6) was created before this node started:
+        # a copy of it that reaches us is a restart's refill or a repair (replication's
+        # `tell_holders`)
+        self.start_ctime = clock() * 1_000_000
         # slow timer passes and evictions are recorded here (off unless the server's is on)
         self.latency = latency if latency is not None else LatencyMonitor.disabled()
         self.rng = rng or random.Random()

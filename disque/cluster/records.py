@@ -98,6 +98,22 @@ CRON_PER_SECOND: Final = 10  # the cluster cron runs every 100 ms
 STEP_MS: Final = 10  # a walk goes on in steps this far apart (short pauses for the clients)
 
 
+def rank(node_id: bytes, job_id: bytes) -> int:
+    """The order in which nodes are chosen to take a new copy of `job_id`: the first 8
+    bytes of the node ID XORed with 8 of the job ID's random chars (lowest first)."""
+    return int.from_bytes(node_id[:8], "big") ^ int.from_bytes(job_id[11:19], "big")
+
+
+def first_sender(job_id: bytes, senders: list[bytes]) -> bytes:
+    """Which of `senders` (holders of `job_id`, none of them the target) sends a copy of
+    it that any of them could send: the node that created the job (its ID names the
+    node's first 8 chars) last, the producers' node, whose loop serves their ADDJOBs
+    (in a rolling restart, node 0 of `benchmarks.downnode` holds every job), then by
+    `rank`."""
+    creator = job_id[2:10]
+    return min(senders, key=lambda n: (n[:8] == creator, rank(n, job_id)))
+
+
 def allowance(tokens: float, rate: int, elapsed: int) -> float:
     """The copies `rate` (per second) allows after `elapsed` more ms, `tokens` left from
     before: never more than one cron's share (a late step makes no larger burst)."""

@@ -90,6 +90,7 @@ from disque.cluster.records import (
     allowance,
     job_record,
     overdue,
+    rank,
 )
 from disque.jobs.job import ACTIVE, F_DUMMY, F_RELOADED, QUEUED, Job
 from disque.state import NodeState
@@ -118,12 +119,6 @@ DEFER_MS: Final = 1000
 # per distinct node list, what one walk step works out for it (`Repair._counted`): its
 # reachable holders, the copies counted, the listed nodes this node is refilling
 NodeLists = dict[tuple[bytes, ...], tuple[list[bytes], int, list[bytes]]]
-
-
-def rank(node_id: bytes, job_id: bytes) -> int:
-    """The order in which nodes are chosen to take a new copy of `job_id`: the first 8
-    bytes of the node ID XORed with 8 of the job ID's random chars (lowest first)."""
-    return int.from_bytes(node_id[:8], "big") ^ int.from_bytes(job_id[11:19], "big")
 
 
 class Refilling(Protocol):

@@ -13,8 +13,10 @@ refusing) are covered by one more node every 50 ms (`repl_tick`). External repli
 the job (`on_enqueue`).
 
 The receiving side holds copies (`hold_copies`, the hot path of a replica) and confirms them
-(GOTJOB). A GOTJOB that answers no ADDJOB goes to `copy_confirmed` (re-replication and
-repair count their copies there); a copy of a job reloaded from the AOF that another holder
+(GOTJOB); a copy of a job created before this node started (a restart's refill, a repair)
+is confirmed to every holder listed, not only to the sender (`tell_holders`: the others
+left it to the sender). A GOTJOB that answers no ADDJOB goes to `copy_confirmed`
+(re-replication and repair count their copies there); a copy of a job reloaded from the AOF that another holder
 sends again proves the job alive (`reload_confirmed`, the re-queue subsystem's).
 
 Effects leave through the state's outbox (`state.send`); nothing here touches a socket or
@@ -174,6 +176,9 @@ class JobReplication:
         # the newest REPLJOB sent, and to which nodes (see start_replication)
         self.repl_last: ReplJob | ReplJobsOut | None = None
         self.repl_last_targets: Sequence[bytes] = ()
+        # the copies `hold_copies` held of jobs created before this node started, for
+        # `tell_holders` (emptied after each REPLJOB)
+        self.older: list[Job] = []
 
     def start_replication(self, job: Job, targets: Sequence[bytes], external: bool,
                           async_: bool, now: int) -> None:
@@ -426,12 +431,38 @@ class JobReplication:
         st = self.state
         if st.leaving or st.above_copy_limit() or st.persist_failing():
             return  # refused: no GOTJOB, the sender tries another node
+        older = self.older
         held = self.hold_copies(recs, st.clock())
         if held:
             self.copies_held(sender, held)
             if not noreply:
                 st.send(sender, GotJobBatch(st.header(), held, 0) if len(held) > 1
                         else GotJob(st.header(), held[0]))
+                if older:
+                    self.tell_holders(sender, older)
+        if older:
+            older.clear()
+
+    def tell_holders(self, sender: bytes, jobs: list[Job]) -> None:
+        """GOTJOB to the other holders of jobs created before this node started, of which
+        `sender` sent us a copy: a restart's refill (or a repair). Re-replication sends each
+        job to a restarted node from one holder and leaves it to that one on the others
+        (`Rereplication._leave`): they learn from us that we hold it (`got_copy`), instead
+        of sending it too."""
+        st = self.state
+        myself = st.myself
+        told: dict[bytes, list[bytes]] = {}
+        for job in jobs:
+            for n in job.delivered:
+                if n != myself and n != sender:
+                    ids = told.get(n)
+                    if ids is None:
+                        told[n] = [job.id]
+                    else:
+                        ids.append(job.id)
+        header = st.header()
+        for n, ids in told.items():
+            st.send(n, GotJobBatch(header, ids, 0) if len(ids) > 1 else GotJob(header, ids[0]))
 
     def hold_copies(self, recs: Iterable[JobRecord], now: int) -> list[bytes]:
         """Keep a copy of each replicated job (or merge its `delivered` into the copy we
@@ -460,6 +491,8 @@ class JobReplication:
         willqueue = 0
         added = 0
         mem = 0
+        started = st.start_ctime
+        older = self.older
         for rec in recs:
             job_id, queue, body, repl, ttl_ms, ctime, delay, retry, nacks, deliv, \
                 rec_delivered, dl = rec
@@ -496,6 +529,8 @@ class JobReplication:
                 if known.flags & F_RELOADED:  # a holder sent it again: it is alive
                     known.flags &= ~F_RELOADED
                     self.reload_confirmed(job_id)
+                if ctime < started:
+                    older.append(known)
                 held.append(job_id)
                 continue
             if job_id in collected:
@@ -520,6 +555,8 @@ class JobReplication:
             mem += JOB_MEMORY + len(body)
             if persist is not None:
                 persist.loadjob(job)
+            if ctime < started:
+                older.append(job)
             held.append(job_id)
         if added:
             st.jobs.size += added

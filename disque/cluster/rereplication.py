@@ -33,8 +33,22 @@ with overflow on).
 
 Every restart counts, AOF or not: with appendfsync everysec (or a damaged AOF) a reloaded
 node may still miss the copies of its last second, and a REPLJOB for a copy it reloaded
-only merges node lists. Each holder of a job decides (not one elected holder): holders'
-views of who is alive differ during a restart, and a copy received twice costs one merge.
+only merges node lists.
+
+Each holder of a job decides whether the job is sent (holders' views of who is alive
+differ during a restart), but one of them sends it: of the holders listed that are linked
+and not being refilled themselves, the one `records.first_sender` ranks first (the job's
+creator last: the node its producers talk to, whose loop serves their ADDJOBs). The others
+leave it to that one (`_leave`). The restarted node answers a copy of a job created before
+it started with GOTJOB to every holder listed, not only the sender (replication's
+`tell_holders`), so they learn it holds the job (`got_copy`). A holder sends a copy it
+left itself (`_release`) once the one it left it to is no longer a linked holder, once the
+restarted node has confirmed nothing to it for STALL_MS (that holder's walk is over, or it
+lists the job without holding it), or DEFER_MAX_MS after it left it; until then the walk
+for the restarted node is not over (its cursor WALKED), so the node counts as a holder of
+a left job only once it confirmed it (repair copies the job if it is short meanwhile).
+Every holder sending every job doubled the copies of a restart with REPLICATE 3, and in
+`benchmarks.downnode`'s rolling kill node 0, which holds every job, sent all of them.
 
 Rules:
 - only jobs that may still be delivered are sent: state active or queued, RETRY > 0
@@ -84,8 +98,10 @@ INFO (jobs section): `rereplication_nodes` (restarted nodes whose copies are bei
 restored), `rereplication_pending` (copies sent, GOTJOB not back yet), `rereplicated_jobs`
 (copies confirmed since start), `rereplication_unlisted` (listings of restarted nodes
 dropped because the job had its copies elsewhere, since start), `rereplication_rechecks`
-(copies received listing a restarted node, waiting to be looked at again) and
-`rereplication_rechecked` (of those, copies sent again, since start).
+(copies received listing a restarted node, waiting to be looked at again),
+`rereplication_rechecked` (of those, copies sent again, since start) and
+`rereplication_left` (copies left to another holder, waiting for the restarted node's
+GOTJOB).
 """
 
 from __future__ import annotations
@@ -100,6 +116,7 @@ from disque.cluster.records import (
     MAX_ATTEMPTS,
     STEP_MS,
     allowance,
+    first_sender,
     job_record,
     overdue,
 )
@@ -127,6 +144,17 @@ DISK_WEIGHT: Final = 8  # rows SQLite looks at for the cost of one job looked at
 # of 90,000-105,000 jobs in three chaos random-kill runs, against 0-588 with this slack.)
 RECHECK_MS: Final = 30_000
 SKEW_MS: Final = 1000
+# A copy that another linked holder sends first (`records.first_sender`) is left to it
+# (`_leave`); this node sends it itself once that holder is no longer a linked holder, once
+# the restarted node confirmed no copy to us for STALL_MS (that holder's walk is over, or it
+# never held the job), or DEFER_MAX_MS after it was left.
+STALL_MS: Final = 1000
+DEFER_MAX_MS: Final = 10_000
+# A walk's cursor once it looked at every job while copies it left to others wait: the
+# restarted node is still refilled (counted a holder only of the jobs it confirmed).
+WALKED: Final = 1 << 62
+
+
 class Rereplication:
     """Held by the node (`node.rereplication`); `tick(now)` from the cluster cron,
     `confirmed(sender, job_id)` for a GOTJOB that answers none of ADDJOB's REPLJOBs.
@@ -136,7 +164,7 @@ class Rereplication:
 
     __slots__ = ("node", "rate", "seen", "cursors", "inflight", "rereplicated", "unlisted",
                  "since", "recent", "rechecks", "rechecked", "disk_ends", "copied", "timer",
-                 "tokens", "last_step")
+                 "tokens", "last_step", "left", "progress")
 
     def __init__(self, node: NodeState, rate: int = DEFAULT_RATE) -> None:
         self.node = node
@@ -166,6 +194,11 @@ class Rereplication:
         self.timer = Timer(self.step)  # the next step (awake 0: not scheduled)
         self.tokens = 0.0  # copies the rate allows now
         self.last_step = 0  # ms
+        # (restarted node, holder that sends first) -> (ms first left, job IDs): copies
+        # left to another holder (`_leave`), sent from here if it does not (`_release`)
+        self.left: dict[tuple[bytes, bytes], tuple[int, list[bytes]]] = {}
+        # restarted node -> (copies it confirmed to us, ms that count last grew)
+        self.progress: dict[bytes, tuple[int, int]] = {}
 
     # ------------------------------------------------------------------ events
     def tick(self, now: int) -> None:
@@ -199,7 +232,7 @@ class Rereplication:
                     del self.recent[node_id]
         if not self.rate:
             return
-        if self.inflight or self.rechecks:
+        if self.inflight or self.rechecks or self.left:
             # each cron, as before the steps (few copies; their lists keep what waits for
             # a link, looked at each time): the steps' tokens pay for them
             budget = max(1, self.rate // CRON_PER_SECOND)
@@ -208,6 +241,8 @@ class Rereplication:
                 left = self._resend(now, left)
             if self.rechecks:
                 left = self._recheck(now, left)
+            if self.left:
+                left = self._release(now, left)
             self.tokens -= budget - left
         if self.cursors and not self.timer.awake:
             self.tokens = max(self.tokens, self.rate * STEP_MS / 1000, 1.0)  # a step's share
@@ -232,7 +267,7 @@ class Rereplication:
         # then send a burst); what a walk spent past its budget (the rest of a shard) is
         # made up for by the next steps
         self.tokens = min(tokens - (budget - left), 1.0)
-        if self.cursors:
+        if any(cursor != WALKED for cursor in self.cursors.values()):
             self.node.wheel.schedule(self.timer, now + STEP_MS)
 
     def restarted(self, node_id: bytes) -> None:
@@ -241,6 +276,9 @@ class Rereplication:
         self.cursors[node_id] = 0
         self.copied.pop(node_id, None)  # what it held before is gone
         self.disk_ends.pop(node_id, None)
+        self.progress.pop(node_id, None)
+        for key in [k for k in self.left if k[0] == node_id]:
+            del self.left[key]
         for key in [k for k in self.inflight if k[0] == node_id]:
             del self.inflight[key]
         for key in [k for k in self.rechecks if k[0] == node_id]:
@@ -354,11 +392,11 @@ class Rereplication:
 
     def _walk(self, target: bytes, now: int, budget: int) -> int:
         """Send the copies of the next shards for `target`; the budget left."""
-        if not self._reachable(target):
-            return budget  # wait for the link (or for its next restart)
+        cursor = self.cursors[target]
+        if cursor == WALKED or not self._reachable(target):
+            return budget  # copies left to others wait; or wait for the link
         jobs = self.node.jobs
         count = jobs.shard_count()
-        cursor = self.cursors[target]
         wanted = self._wanted
         inflight = self.inflight
         empty = self._empty(target)
@@ -400,16 +438,26 @@ class Rereplication:
                 self.cursors[target] = cursor
                 return budget
         if cursor >= count:
-            del self.cursors[target]
-            self.copied.pop(target, None)  # it counts as a holder of every listed job now
-            self.disk_ends.pop(target, None)
+            self._walked(target)
         else:
             self.cursors[target] = cursor
         return budget
 
+    def _walked(self, target: bytes) -> None:
+        """The walk for `target` looked at every job: it ends, unless copies it left to
+        other holders still wait (`_release` ends it then)."""
+        if any(key[0] == target for key in self.left):
+            self.cursors[target] = WALKED
+            return
+        del self.cursors[target]
+        self.copied.pop(target, None)  # it counts as a holder of every listed job now
+        self.disk_ends.pop(target, None)
+        self.progress.pop(target, None)
+
     def _restore(self, job: Job, target: bytes, empty: bool, holders: set[bytes],
-                 now: int) -> int:
-        """`job` lists the restarted `target`: unlist it, or send it the job; copies sent."""
+                 now: int, leave: bool = True) -> int:
+        """`job` lists the restarted `target`: unlist it, or send it the job (or, with
+        `leave`, leave that to the linked holder that sends first); copies sent."""
         if empty and self._copies_without(job, target, holders) >= job.repl:
             # enough copies without the one target lost (repair made them while it was
             # down): it leaves the list instead of taking a copy again
@@ -422,8 +470,62 @@ class Rereplication:
                 tuple(n for n in job.delivered if n != target))
             self.unlisted += 1
             return 0
+        if leave:
+            myself = self.node.myself
+            senders = [n for n in job.delivered if n in holders and n != target]
+            if senders:
+                senders.append(myself)
+                sender = first_sender(job.id, senders)
+                if sender != myself:
+                    self._leave(target, sender, job.id, now)
+                    return 0
         self._send(target, job, now, 1)
         return 1
+
+    def _leave(self, target: bytes, sender: bytes, job_id: bytes, now: int) -> None:
+        """Leave the copy of `job_id` for `target` to `sender`, which sends it first: the
+        target tells us once it holds it (GOTJOB, `got_copy`), else `_release` sends it."""
+        key = (target, sender)
+        entry = self.left.get(key)
+        if entry is None:
+            entry = self.left[key] = (now, [])
+        entry[1].append(job_id)
+
+    def _release(self, now: int, budget: int) -> int:
+        """Send the copies left to a holder that is no longer a linked holder (down,
+        restarted, being refilled itself), or whose target confirmed nothing to us for
+        STALL_MS, or left DEFER_MAX_MS ago, unless the target confirmed them meanwhile;
+        the budget left."""
+        holders = self._holders()
+        progress = self.progress
+        inflight = self.inflight
+        for key in list(self.left):
+            if budget <= 0:
+                break
+            target, sender = key
+            since, ids = self.left[key]
+            copied = self.copied.get(target, _NONE)
+            seen = progress.get(target)
+            if seen is None or seen[0] != len(copied):
+                progress[target] = seen = (len(copied), now)
+            if sender in holders and now - seen[1] < STALL_MS and now - since < DEFER_MAX_MS:
+                continue  # its copies are coming
+            if not self._reachable(target):
+                continue  # wait for the link (or for its next restart)
+            empty = self._empty(target)
+            while ids and budget > 0:
+                job_id = ids.pop()
+                if (target, job_id) in inflight or job_id in copied:
+                    continue
+                job = self._job(job_id)
+                if job is None or not self._wanted(job, target):
+                    continue
+                budget -= self._restore(job, target, empty, holders, now, False)
+            if not ids:
+                del self.left[key]
+                if self.cursors.get(target) == WALKED:
+                    self._walked(target)
+        return budget
 
     def _job(self, job_id: bytes) -> Job | None:
         """The job in memory, or a copy read from disk and left there (disque.overflow):
@@ -472,7 +574,7 @@ class Rereplication:
             job = self._job(job_id)
             if job is None or not wanted(job, target):
                 continue
-            sent = self._restore(job, target, self._empty(target), holders, now)
+            sent = self._restore(job, target, self._empty(target), holders, now, False)
             self.rechecked += sent
             budget -= sent
         for key in done:
@@ -501,4 +603,5 @@ class Rereplication:
                 ("rereplicated_jobs", self.rereplicated),
                 ("rereplication_unlisted", self.unlisted),
                 ("rereplication_rechecks", len(self.rechecks)),
-                ("rereplication_rechecked", self.rechecked)]
+                ("rereplication_rechecked", self.rechecked),
+                ("rereplication_left", sum(len(ids) for _, ids in self.left.values()))]

@@ -174,6 +174,7 @@ def test_info_ping_and_raw_commands(client: Client):
                                         "rereplication_nodes", "rereplication_pending",
                                         "rereplicated_jobs", "rereplication_unlisted",
                                         "rereplication_rechecks", "rereplication_rechecked",
+                                        "rereplication_left",
                                         "underreplicated_jobs",
                                         "repaired_jobs", "overflow_status", "overflow_jobs",
                                         "overflow_bytes", "overflow_file_bytes", "overflow_written_jobs", "overflow_read_jobs", "overflow_spills"}

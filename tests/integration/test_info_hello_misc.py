@@ -26,7 +26,7 @@ FIELDS = {
     "Memory": ["used_memory", "used_memory_human", "used_memory_rss", "used_memory_peak",
                "used_memory_peak_human", "mem_fragmentation_ratio", "mem_allocator"],
     "Jobs": ["registered_jobs", "rereplication_nodes", "rereplication_pending",
-             "rereplicated_jobs", "rereplication_unlisted", "rereplication_rechecks", "rereplication_rechecked", "underreplicated_jobs", "repaired_jobs", "deadlettered_jobs", "redriven_jobs", "redrive_pending",
+             "rereplicated_jobs", "rereplication_unlisted", "rereplication_rechecks", "rereplication_rechecked", "rereplication_left", "underreplicated_jobs", "repaired_jobs", "deadlettered_jobs", "redriven_jobs", "redrive_pending",
              "overflow_status", "overflow_jobs", "overflow_bytes", "overflow_file_bytes", "overflow_written_jobs", "overflow_read_jobs", "overflow_spills"],
     "Queues": ["registered_queues"],
     # a lone node has no bus traffic, so no per-message-type lines yet

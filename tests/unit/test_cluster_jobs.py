@@ -289,6 +289,23 @@ def test_a_frame_of_repljobs_is_held_like_single_ones_and_answered_with_one_gotj
     assert r.take() == []  # noreply
 
 
+def test_a_copy_of_a_job_older_than_this_node_is_confirmed_to_every_listed_holder() -> None:
+    # a restart's refill: the other holders left the copy to A (rereplication._leave) and
+    # learn from us that we hold it; a copy of a job created since our start (ADDJOB's
+    # replication) is confirmed to its sender only
+    r = Rig(peers=(A, B, C))
+    old = r.record(delivered=(A, B, ME))._replace(ctime=(T0 - 5000) * 1_000_000)
+    merged = r.record(delivered=(A, C, ME))._replace(ctime=(T0 - 6000) * 1_000_000)
+    r.node.on_message(C, ReplJob(hdr(C), merged, False))  # held already (from C)
+    r.take()
+    fresh = r.record(delivered=(A, B, ME))
+    r.node.on_message(A, ReplJobBatch(hdr(A), [old, merged, fresh], False))
+    got = sorted((n, m.job_id if type(m) is GotJob else tuple(m.items)) for n, m in r.take())
+    assert got == sorted([(A, (old.id, merged.id, fresh.id)), (B, old.id), (C, merged.id)])
+    r.node.on_message(A, ReplJob(hdr(A), old, True))  # noreply: no GOTJOB at all
+    assert r.take() == []
+
+
 def test_a_frame_of_gotjobs_confirms_each_job() -> None:
     r = Rig(peers=(A, B))
     jobs = [r.add_sync(replicate=3)[0] for _ in range(3)]

@@ -4,8 +4,8 @@ Membership on a fake clock, three peers whose bus links come and go."""
 from __future__ import annotations
 
 from disque.cluster.messages import DelJob, GotJob, Header, ReplJob
-from disque.cluster.records import CONFIRM_MS, MAX_ATTEMPTS, job_record
-from disque.cluster.repair import DEFAULT_GRACE_MS, DEFER_MS, rank
+from disque.cluster.records import CONFIRM_MS, MAX_ATTEMPTS, job_record, rank
+from disque.cluster.repair import DEFAULT_GRACE_MS, DEFER_MS
 from disque.jobs.job import F_RELOADED
 from tests.unit.noderig import ME, NodeRig
 

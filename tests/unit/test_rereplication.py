@@ -21,10 +21,12 @@ from disque.cluster.messages import (
 from disque.cluster.nodes import LEAVING
 from disque.cluster.records import CONFIRM_MS, MAX_ATTEMPTS, STEP_MS, job_record
 from disque.cluster.rereplication import (
+    DEFER_MAX_MS,
     FIRST_SIGHT_MS,
     RECHECK_MS,
     SCAN_PER_STEP,
     SKEW_MS,
+    STALL_MS,
 )
 from disque.jobs.job import ACKED, F_RELOADED
 from disque.overflow.store import CHUNK
@@ -39,6 +41,9 @@ class Rig(NodeRig):
         super().__init__(IPS)
         self.node.rereplication.rate = rate
         self.node.repair.rate = 0  # no peer's link drops here
+        # the jobs added here look created by B (their IDs name it): this node, not B,
+        # sends their copies first (`records.first_sender`: the creator last)
+        self.node.ids.prefix = b"D-" + B[:8] + b"-"
 
     def ping_from(self, peer: bytes, incarnation: int, flags: int = 0) -> None:
         """A PING on an inbound link, announcing the peer's incarnation (and `flags`)."""
@@ -112,11 +117,13 @@ def test_a_restarted_holder_gets_its_copies_again_and_confirms_them() -> None:
     assert set(msg.job.delivered) == {A, B, ME} and not msg.noreply
     assert r.info() == {"rereplication_nodes": 0, "rereplication_pending": 1,
                         "rereplicated_jobs": 0, "rereplication_unlisted": 0,
-                        "rereplication_rechecks": 0, "rereplication_rechecked": 0}
+                        "rereplication_rechecks": 0, "rereplication_rechecked": 0,
+                        "rereplication_left": 0}
     r.node.on_message(A, GotJob(Header(A, b"", 7711, 17711, 0), jid))
     assert r.info() == {"rereplication_nodes": 0, "rereplication_pending": 0,
                         "rereplicated_jobs": 1, "rereplication_unlisted": 0,
-                        "rereplication_rechecks": 0, "rereplication_rechecked": 0}
+                        "rereplication_rechecks": 0, "rereplication_rechecked": 0,
+                        "rereplication_left": 0}
     assert repljobs(r.cron()) == []
 
 
@@ -519,3 +526,64 @@ def test_the_refill_s_walk_skips_the_copies_the_node_confirmed_already() -> None
     rr.got_copy(A, jids[0])  # e.g. a repair's copy, confirmed before the walk came to it
     assert sorted(j for to, j in repljobs(r.cron()) if to == A) == sorted(jids[1:])
     assert A not in rr.cursors and A not in rr.copied  # walked: A counts as a holder now
+
+
+def _left_to_b(r: Rig) -> bytes:
+    """A job this node created (its ID names us: we send its copies last), held by A, B and
+    us; A restarts empty: its copy is left to B, which sends first."""
+    r.node.ids.prefix = b"D-" + ME[:8] + b"-"
+    jid = r.copy()
+    r.restart(A)
+    assert repljobs(r.cron()) == []
+    info = r.info()
+    assert (info["rereplication_left"], info["rereplication_nodes"]) == (1, 1)
+    return jid
+
+
+def test_a_copy_another_linked_holder_sends_first_is_left_to_it_until_the_target_confirms() -> None:
+    r = Rig()
+    jid = _left_to_b(r)
+    # B's copy reached A, which tells us (replication's tell_holders): A holds it now
+    r.node.on_message(A, GotJob(Header(A, b"", 7711, 17711, 0), jid))
+    assert r.node.rereplication.has_copy(A, jid)
+    for _ in range((STALL_MS + DEFER_MAX_MS) // 100):
+        assert repljobs(r.cron()) == []
+    info = r.info()
+    assert (info["rereplication_left"], info["rereplication_nodes"]) == (0, 0)  # walk over
+
+
+def test_a_copy_left_to_a_holder_that_goes_down_is_sent_from_here() -> None:
+    r = Rig()
+    jid = _left_to_b(r)
+    r.m.link_closed(r.out_links.pop(B))
+    assert repljobs(r.cron()) == [(A, jid)]
+    r.node.on_message(A, GotJob(Header(A, b"", 7711, 17711, 0), jid))
+    assert r.info()["rereplication_nodes"] == 0
+
+
+def test_a_copy_left_to_a_holder_is_sent_once_the_target_confirms_nothing_for_a_while() -> None:
+    # that holder lists the job without holding it, or its walk is over: the target's
+    # confirmations (to us, for any copy) stop coming
+    r = Rig()
+    jid = _left_to_b(r)
+    sent: list[tuple[bytes, bytes]] = []
+    for _ in range(STALL_MS // 100 - 1):
+        sent += repljobs(r.cron())
+    assert sent == []
+    for _ in range(2):
+        sent += repljobs(r.cron())
+    assert sent == [(A, jid)]
+
+
+def test_a_copy_left_while_the_target_confirms_others_is_sent_after_the_longest_wait() -> None:
+    r = Rig()
+    jid = _left_to_b(r)
+    sent: list[tuple[bytes, bytes]] = []
+    for i in range(DEFER_MAX_MS // 100 - 1):
+        r.node.rereplication.got_copy(A, b"other %d" % i)  # the refill goes on
+        sent += repljobs(r.cron())
+    assert sent == []
+    for i in range(2):
+        r.node.rereplication.got_copy(A, b"last %d" % i)
+        sent += repljobs(r.cron())
+    assert sent == [(A, jid)]
