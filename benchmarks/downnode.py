@@ -50,6 +50,7 @@ import re
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -183,6 +184,22 @@ def _load(port: int, command: list[str], t0: float, slices: list[Slice],
     return loader
 
 
+@contextlib.contextmanager
+def _loading(port: int, replicate: int) -> Iterator[tuple[float, list[Slice]]]:
+    """`ADDJOB dq body 5000 REPLICATE replicate` slices against `port` for the body of the
+    `with` (the run's start, its slices); the load stops and its thread ends on the way out."""
+    command = ["ADDJOB", "dq", "body", "5000", "REPLICATE", str(replicate)]
+    slices: list[Slice] = []
+    stop = threading.Event()
+    t0 = time.monotonic()
+    loader = _load(port, command, t0, slices, stop)
+    try:
+        yield t0, slices
+    finally:
+        stop.set()
+        loader.join(timeout=180)
+
+
 def _kill_and_restart(victim: Any, peers: list[Any], down_s: float) -> tuple[float, float]:
     """kill -9 `victim`, start it again `down_s` later, wait until every peer sees it
     connected with no failure flag: (the kill's, the view's) monotonic times."""
@@ -207,26 +224,19 @@ def measure_rolling(servers: list[Any], replicate: int,
                     timing: tuple[float, float, float]) -> dict[str, Any]:
     """The load on servers[0] while servers[1:] are killed and restarted one at a time."""
     healthy_s, down_s, gap_s = timing
-    command = ["ADDJOB", "dq", "body", "5000", "REPLICATE", str(replicate)]
-    slices: list[Slice] = []
-    stop = threading.Event()
     failure: list[str] = []
-    t0 = time.monotonic()
-    loader = _load(servers[0].port, command, t0, slices, stop)
     first = end = None
-    try:
-        time.sleep(healthy_s)
-        for victim in servers[1:]:
-            killed, _back = _kill_and_restart(victim, [p for p in servers if p is not victim],
-                                              down_s)
-            first = killed - t0 if first is None else first
-            time.sleep(gap_s)
-        end = time.monotonic() - t0
-    except Exception as exc:  # reported with the run
-        failure.append(f"{type(exc).__name__}: {exc}")
-    finally:
-        stop.set()
-        loader.join(timeout=180)
+    with _loading(servers[0].port, replicate) as (t0, slices):
+        try:
+            time.sleep(healthy_s)
+            for victim in servers[1:]:
+                killed, _back = _kill_and_restart(
+                    victim, [p for p in servers if p is not victim], down_s)
+                first = killed - t0 if first is None else first
+                time.sleep(gap_s)
+            end = time.monotonic() - t0
+        except Exception as exc:  # reported with the run
+            failure.append(f"{type(exc).__name__}: {exc}")
     healthy = [s for s in slices if first is None or s.end <= first]
     rolling = [s for s in slices if first is not None and s.start >= first
                and (end is None or s.end <= end)]
@@ -246,16 +256,8 @@ def measure_control(servers: list[Any], replicate: int,
     """The rolling kill's load on servers[0], no node killed, for as long as the rolling
     run took: the slices in its window [first kill, end] (`measure_rolling`)."""
     first, end = window
-    command = ["ADDJOB", "dq", "body", "5000", "REPLICATE", str(replicate)]
-    slices: list[Slice] = []
-    stop = threading.Event()
-    t0 = time.monotonic()
-    loader = _load(servers[0].port, command, t0, slices, stop)
-    try:
-        time.sleep(end)
-    finally:
-        stop.set()
-        loader.join(timeout=180)
+    with _loading(servers[0].port, replicate) as (_, slices):
+        time.sleep(end)  # the rolling run's schedule, without its faults
     return {"healthy": phase_summary([s for s in slices if s.end <= first]),
             "control": phase_summary([s for s in slices if s.start >= first and s.end <= end])}
 
@@ -266,29 +268,22 @@ def measure(servers: list[Any], replicate: int,
 
     before_s, down_s, after_s = durations
     victim, peers = servers[-1], servers[:-1]
-    command = ["ADDJOB", "dq", "body", "5000", "REPLICATE", str(replicate)]
     events: dict[str, float] = {}
     failure: list[str] = []
-    slices: list[Slice] = []
-    stop = threading.Event()
-    t0 = time.monotonic()
-    loader = _load(servers[0].port, command, t0, slices, stop)
+    with _loading(servers[0].port, replicate) as (t0, slices):
 
-    def until(t: float) -> None:
-        time.sleep(max(0.0, t - (time.monotonic() - t0)))
+        def until(t: float) -> None:
+            time.sleep(max(0.0, t - (time.monotonic() - t0)))
 
-    try:
-        until(before_s)
-        killed, back = _kill_and_restart(victim, peers, down_s)
-        events["kill"] = killed - t0
-        events["restart"] = killed - t0 + down_s
-        events["back"] = back - t0
-        until(events["back"] + after_s)
-    except Exception as exc:  # reported with the run
-        failure.append(f"{type(exc).__name__}: {exc}")
-    finally:
-        stop.set()
-        loader.join(timeout=180)
+        try:
+            until(before_s)
+            killed, back = _kill_and_restart(victim, peers, down_s)
+            events["kill"] = killed - t0
+            events["restart"] = killed - t0 + down_s
+            events["back"] = back - t0
+            until(events["back"] + after_s)
+        except Exception as exc:  # reported with the run
+            failure.append(f"{type(exc).__name__}: {exc}")
     for sl in slices:
         sl.phase = classify(sl, events)
     result: dict[str, Any] = {p: phase_summary([s for s in slices if s.phase == p])

@@ -155,6 +155,11 @@ class ReplJobsOut(ReplJobBatch):
         return frame
 
 
+def _gotjob(header: Header, ids: list[bytes]) -> GotJob | GotJobBatch:
+    """GOTJOB for the copies `ids` (one frame: a batch if more than one)."""
+    return GotJobBatch(header, ids, 0) if len(ids) > 1 else GotJob(header, ids[0])
+
+
 class JobReplication:
     """The replication subsystem of a node (`node.replication`)."""
 
@@ -436,8 +441,7 @@ class JobReplication:
         if held:
             self.copies_held(sender, held)
             if not noreply:
-                st.send(sender, GotJobBatch(st.header(), held, 0) if len(held) > 1
-                        else GotJob(st.header(), held[0]))
+                st.send(sender, _gotjob(st.header(), held))
                 if older:
                     self.tell_holders(sender, older)
         if older:
@@ -455,14 +459,10 @@ class JobReplication:
         for job in jobs:
             for n in job.delivered:
                 if n != myself and n != sender:
-                    ids = told.get(n)
-                    if ids is None:
-                        told[n] = [job.id]
-                    else:
-                        ids.append(job.id)
+                    told.setdefault(n, []).append(job.id)
         header = st.header()
         for n, ids in told.items():
-            st.send(n, GotJobBatch(header, ids, 0) if len(ids) > 1 else GotJob(header, ids[0]))
+            st.send(n, _gotjob(header, ids))
 
     def hold_copies(self, recs: Iterable[JobRecord], now: int) -> list[bytes]:
         """Keep a copy of each replicated job (or merge its `delivered` into the copy we
