@@ -78,13 +78,23 @@ def console_errors(driver: Any) -> list[dict[str, Any]]:
     return [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
 
 
-def text_of(driver: Any, css: str) -> str:
-    els = driver.find_elements(By.CSS_SELECTOR, css)
-    return els[0].text if els else ""
+def texts(driver: Any, css: str, attr: str | None = None) -> list[str]:
+    """The text (or attribute `attr`) of every element matching css, read in one script:
+    the page redraws its tables every 400 ms, so an element found by one WebDriver call can
+    be gone by the next (StaleElementReferenceException)."""
+    return driver.execute_script(
+        "return Array.from(document.querySelectorAll(arguments[0]), "
+        "e => arguments[1] === null ? e.innerText.trim() : (e.getAttribute(arguments[1]) || ''))",
+        css, attr)
+
+
+def text_of(driver: Any, css: str, attr: str | None = None) -> str:
+    found = texts(driver, css, attr)
+    return found[0] if found else ""
 
 
 def samples(driver: Any, chart: str) -> int:
-    return int(driver.find_element(By.ID, chart).get_attribute("data-samples") or 0)
+    return int(text_of(driver, f"#{chart}", "data-samples") or 0)
 
 
 @contextlib.contextmanager
@@ -129,18 +139,14 @@ def test_dashboard_shows_the_cluster_and_pauses_a_queue(
     browser.get(f"http://127.0.0.1:{ports[0]}/?interval=400")
     wait_for(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#nodes tbody tr")) == 3,
              timeout=20, what="three nodes in the cluster table")
-    rows = browser.find_elements(By.CSS_SELECTOR, "#nodes tbody tr")
-    ids = {r.get_attribute("data-node") for r in rows}
-    assert ids == set(c.ids())
-    wait_for(lambda: all("up" in r.text or "self" in r.text for r in
-                         browser.find_elements(By.CSS_SELECTOR, "#nodes tbody tr")),
+    assert set(texts(browser, "#nodes tbody tr", "data-node")) == set(c.ids())
+    wait_for(lambda: all("up" in t or "self" in t for t in texts(browser, "#nodes tbody tr")),
              timeout=20, what="every link up")
     # peers' numbers come from their own INFO: no 'unreachable' row
     wait_for(lambda: "unreachable" not in text_of(browser, "#nodes tbody"), timeout=20,
              what="every node's INFO")
     # each node's jobs on disk (overflow is off here: 0 on every row)
-    assert [c.text for c in browser.find_elements(By.CSS_SELECTOR, "#nodes tbody td.ondisk")] \
-        == ["0", "0", "0"]
+    assert texts(browser, "#nodes tbody td.ondisk") == ["0", "0", "0"]
 
     queue_len = f'#queues tbody tr[data-queue="{QUEUE}"] td.len'
     wait_for(lambda: text_of(browser, queue_len) == str(JOBS), timeout=20,
@@ -166,9 +172,8 @@ def test_dashboard_shows_the_cluster_and_pauses_a_queue(
     browser.find_element(By.CSS_SELECTOR, 'button[data-pause="all"]').click()
     wait_for(lambda: dict(zip(*[iter(cmd(first, "QSTAT", QUEUE))] * 2, strict=True))
              [b"pause"] == b"all", timeout=20, what="QSTAT to say paused")
-    wait_for(lambda: "active" in (browser.find_element(
-        By.CSS_SELECTOR, 'button[data-pause="all"]').get_attribute("class") or ""),
-        timeout=20, what="the page to show the pause")
+    wait_for(lambda: "active" in text_of(browser, 'button[data-pause="all"]', "class"),
+             timeout=20, what="the page to show the pause")
     assert text_of(browser, '#queue-stat dd[data-field="pause"]') == "all"
 
     # the job page (SHOW) from the queue page; the page redraws its tables every 400 ms,
