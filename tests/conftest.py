@@ -52,13 +52,13 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Under pytest-xdist (`make test` runs three workers), each worker and every server or tool
+    """Under pytest-xdist (`make test` runs four workers), each worker and every server or tool
     it starts draws ports from its own share (disque/tools/ports.py), so two workers never
     hand out the same port between a check and a server's bind."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     # DISQUE_PORT_SLICES=n: n shares however many workers, so that another run beside this
     # one can take a share of its own (make test runs the pure-Python build's tests in share
-    # 3 of 4 alongside the three workers of the compiled build's)
+    # 4 of 5 alongside the four workers of the compiled build's)
     count = os.environ.get("DISQUE_PORT_SLICES") or os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
     if worker.startswith("gw") and count.isdigit():
         os.environ["DISQUE_PORT_SLICE"] = f"{int(worker[2:])}/{count}"
