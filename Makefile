@@ -129,9 +129,10 @@ PYTEST_RUN = $(PY) -m pytest -q -n $(TEST_WORKERS) --durations=30
 # DISQUE_REQUIRE_COMPILED=1: a compile that fails, or a stale build, fails the run instead of
 # testing pure Python). The pure-Python build, the fallback, runs the unit and simulation tests
 # and a smoke set of real servers and clusters (PURE_SMOKE) with DISQUE_NO_COMPILE=1 (its
-# servers too): `make test-pure`, which `make test` starts first, beside the compile and
-# mypy (one core each on a fresh clone), and which goes on beside the suite if not done, on
-# its own share of ports (the suite's servers mostly wait); its output is printed at the end
+# servers too): `make test-pure`, which `make test` starts as soon as the Spark extra is
+# installed, beside the compile (one core each on a fresh clone), and which goes on beside
+# the suite if not done, on the last share of ports (the suite's servers mostly wait); its
+# output is printed at the end
 # (and kept in test-pure.log). (At nice 19 it starved: one of its servers was not up within
 # 30 s while the suite's Spark and chaos tests ran.) DISQUE_NO_COMPILE=1 `make test` runs the
 # whole suite on pure Python, and nothing beside it.
@@ -146,7 +147,8 @@ define BOTH_BUILDS
 	$(1)
 endef
 else
-# the compile starts first, beside the Spark install; the pure-Python run once that is in
+# the compile starts first, beside the Spark install; then the pure-Python run; mypy and the
+# suite once the compile is done
 define BOTH_BUILDS
 	@$(MAKE) --no-print-directory compiled-build & build=$$!; \
 	$(MAKE) --no-print-directory $(STAMP); irc=$$?; \
