@@ -122,7 +122,7 @@ run: install
 # one process.
 TEST_WORKERS ?= 4
 # the suite's workers take port shares 0..TEST_WORKERS-1, the pure-Python run beside it the last
-PORT_SHARES = $(shell echo $$(( $(TEST_WORKERS) + 1 )))
+PORT_SHARES := $(shell echo $$(( $(TEST_WORKERS) + 1 )))
 PYTEST_RUN = $(PY) -m pytest -q -n $(TEST_WORKERS) --durations=30
 
 # Both builds are tested (issue 21). The whole suite runs on the compiled build (CI sets
@@ -143,7 +143,7 @@ PURE_LOG := test-pure.log
 
 ifeq ($(DISQUE_NO_COMPILE),1)
 define BOTH_BUILDS
-	$(MAKE) --no-print-directory $(STAMP) typecheck
+	$(MAKE) --no-print-directory typecheck
 	$(1)
 endef
 else

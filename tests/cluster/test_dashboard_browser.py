@@ -93,6 +93,13 @@ def text_of(driver: Any, css: str, attr: str | None = None) -> str:
     return found[0] if found else ""
 
 
+def click(driver: Any, css: str, what: str) -> None:
+    """Click the element matching css, found again if a redraw replaced it between the find
+    and the click (StaleElementReferenceException: nothing was clicked)."""
+    wait_for(lambda: driver.find_element(By.CSS_SELECTOR, css).click() or True, timeout=20,
+             what=what)
+
+
 def samples(driver: Any, chart: str) -> int:
     return int(text_of(driver, f"#{chart}", "data-samples") or 0)
 
@@ -165,21 +172,19 @@ def test_dashboard_shows_the_cluster_and_pauses_a_queue(
         browser.save_screenshot(str(Path(shots) / "dashboard-cluster.png"))
 
     # the queue page: its jobs, then PAUSE all through the button
-    browser.find_element(By.CSS_SELECTOR, f'#queues tbody tr[data-queue="{QUEUE}"] a').click()
+    click(browser, f'#queues tbody tr[data-queue="{QUEUE}"] a', "a click on the queue")
     wait_for(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#jobs tbody tr")) == JOBS,
              timeout=20, what="the queue's jobs")
     assert text_of(browser, "#queue-name") == QUEUE
-    browser.find_element(By.CSS_SELECTOR, 'button[data-pause="all"]').click()
+    click(browser, 'button[data-pause="all"]', "a click on PAUSE all")
     wait_for(lambda: dict(zip(*[iter(cmd(first, "QSTAT", QUEUE))] * 2, strict=True))
              [b"pause"] == b"all", timeout=20, what="QSTAT to say paused")
     wait_for(lambda: "active" in text_of(browser, 'button[data-pause="all"]', "class"),
              timeout=20, what="the page to show the pause")
     assert text_of(browser, '#queue-stat dd[data-field="pause"]') == "all"
 
-    # the job page (SHOW) from the queue page; the page redraws its tables every 400 ms,
-    # so a link found just before a redraw is stale by the click: find it again then
-    wait_for(lambda: browser.find_element(By.CSS_SELECTOR, "#jobs tbody tr a").click() or True,
-             timeout=20, what="a click on the queue's first job")
+    # the job page (SHOW) from the queue page
+    click(browser, "#jobs tbody tr a", "a click on the queue's first job")
     wait_for(lambda: text_of(browser, '#job-show dd[data-field="queue"]') == QUEUE,
              timeout=20, what="the job page")
     assert text_of(browser, "#job-body").startswith("job ")
