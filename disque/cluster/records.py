@@ -98,10 +98,24 @@ CRON_PER_SECOND: Final = 10  # the cluster cron runs every 100 ms
 STEP_MS: Final = 10  # a walk goes on in steps this far apart (short pauses for the clients)
 
 
+# node ID -> its first 8 bytes as an int (`rank`): a cluster has a few nodes, the walks of
+# re-replication and repair rank them for every job they look at (cleared if ever large)
+_PREFIXES: dict[bytes, int] = {}
+
+
+def _prefix(node_id: bytes) -> int:
+    p = _PREFIXES.get(node_id)
+    if p is None:
+        if len(_PREFIXES) >= 1024:
+            _PREFIXES.clear()
+        p = _PREFIXES[node_id] = int.from_bytes(node_id[:8], "big")
+    return p
+
+
 def rank(node_id: bytes, job_id: bytes) -> int:
     """The order in which nodes are chosen to take a new copy of `job_id`: the first 8
     bytes of the node ID XORed with 8 of the job ID's random chars (lowest first)."""
-    return int.from_bytes(node_id[:8], "big") ^ int.from_bytes(job_id[11:19], "big")
+    return _prefix(node_id) ^ int.from_bytes(job_id[11:19], "big")
 
 
 def first_sender(job_id: bytes, senders: list[bytes]) -> bytes:
@@ -109,9 +123,19 @@ def first_sender(job_id: bytes, senders: list[bytes]) -> bytes:
     it that any of them could send: the node that created the job (its ID names the
     node's first 8 chars) last, the producers' node, whose loop serves their ADDJOBs
     (in a rolling restart, node 0 of `benchmarks.downnode` holds every job), then by
-    `rank`."""
+    `rank`. (One pass, no key tuples: the walks ask it for most jobs they look at.)"""
     creator = job_id[2:10]
-    return min(senders, key=lambda n: (n[:8] == creator, rank(n, job_id)))
+    salt = int.from_bytes(job_id[11:19], "big")
+    best = b""
+    best_rank = -1
+    best_created = False
+    for n in senders:
+        created = n.startswith(creator)
+        r = _prefix(n) ^ salt
+        if best_rank < 0 or (best_created and not created) or (
+                created == best_created and r < best_rank):
+            best, best_rank, best_created = n, r, created
+    return best
 
 
 def allowance(tokens: float, rate: int, elapsed: int) -> float:

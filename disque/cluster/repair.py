@@ -9,14 +9,16 @@ been unreachable (no bus link, or flagged failing) for longer than a grace (`rep
 1000 ms by default, well under `cluster-node-timeout`), the job is copied to other nodes
 until it has REPLICATE reachable copies again:
 
-- each surviving holder walks its registry (shard by shard, in steps: below) when a node passes its grace, or when the set of linked nodes changes while
-  some node is past it (a node came back, another went down: a target may have appeared);
+- each surviving holder walks its registry (shard by shard, in steps: below) when a node
+  passes its grace, or when the set of linked nodes changes while some node is past it (a
+  node came back, another went down: a target may have appeared);
 - a job counts its reachable copies: this node, holders with a bus link, and holders still
   within their grace; not a holder that restarted empty and that this node's re-replication
   has not refilled with this job yet (its walk for that node under way and the node not
   having confirmed this job's copy since its restart, or that copy not confirmed yet:
-  `Refilling.has_copy`): counted, it would hide the job's shortage until its refill, which takes
-  seconds with a large backlog, and a second crash in those seconds would lose the job.
+  `Rereplication.has_copy`): counted, it would hide the job's shortage until its refill,
+  which takes seconds with a large backlog, and a second crash in those seconds would lose
+  the job.
   Fewer than REPLICATE, and the job gets new copies: first on the nodes it lists that
   restarted empty and were not refilled with it yet (the copy their refill would send
   anyway: no list grows, no other holder needs telling, no extra copy to collect later;
@@ -30,8 +32,11 @@ until it has REPLICATE reachable copies again:
   own (before `has_copy`, preferring the refilled node made the job look short until its
   refill reached it: copied there again and again, chaos random-kill lost 3,521 of 73,219
   jobs);
-- the reachable holders are ranked the same way and the one ranked first makes the
-  copies; the others leave the job (`deferred`) and walk again DEFER_MS after their walk
+- the reachable holders are ranked as re-replication ranks its senders
+  (`records.first_sender`: the node that created the job last, it serves the producers'
+  ADDJOBs; in `benchmarks.downnode`'s rolling kill node 0 made every job, and ranked by
+  `rank` alone it made half of the repairs, on the loop the clients wait on) and the one
+  ranked first makes the copies; the others leave the job (`deferred`) and walk again DEFER_MS after their walk
   ends, copying what is still short then. Every holder copying at once doubled the copies
   a crash costs, and with a large backlog and a crash every few seconds the repairs fell
   behind (chaos random-kill lost jobs so); the others still copy, a second later, because
@@ -79,7 +84,7 @@ new nodes and confirmed, since start).
 
 from __future__ import annotations
 
-from typing import Final, Protocol
+from typing import Final
 
 from disque.cluster.messages import ReplJob
 from disque.cluster.nodes import HANDSHAKE, LEAVING, MYSELF
@@ -88,10 +93,12 @@ from disque.cluster.records import (
     MAX_ATTEMPTS,
     STEP_MS,
     allowance,
+    first_sender,
     job_record,
     overdue,
     rank,
 )
+from disque.cluster.rereplication import Rereplication
 from disque.jobs.job import ACTIVE, F_DUMMY, F_RELOADED, QUEUED, Job
 from disque.state import NodeState
 from disque.timers import Timer
@@ -116,20 +123,11 @@ DISK_DONE: Final = 1 << 62  # a walk's cursor once past the jobs on disk too
 DEFER_MS: Final = 1000
 
 
-# per distinct node list, what one walk step works out for it (`Repair._counted`): its
-# reachable holders, the copies counted, the listed nodes this node is refilling
-NodeLists = dict[tuple[bytes, ...], tuple[list[bytes], int, list[bytes]]]
-
-
-class Refilling(Protocol):
-    """What repair reads of re-replication (disque.cluster.rereplication): the restarted
-    nodes whose walk is under way, the copies sent to them not confirmed yet, and whether
-    one of them confirmed a copy of a job since its restart."""
-
-    cursors: dict[bytes, int]
-    inflight: dict[tuple[bytes, bytes], tuple[int, int]]
-
-    def has_copy(self, node_id: bytes, job_id: bytes) -> bool: ...
+# what one walk step works out for a node list (`Repair._view_of`): whether it names a
+# node past its grace, its reachable holders, the copies counted, the listed nodes this
+# node is refilling; per distinct list
+NodeView = tuple[bool, list[bytes], int, list[bytes]]
+NodeLists = dict[tuple[bytes, ...], NodeView]
 
 
 class Repair:
@@ -146,7 +144,7 @@ class Repair:
                  "deferred", "deferred_seen", "rewalk_at",
                  "repaired", "under", "found", "refilling", "disk_end")
 
-    def __init__(self, node: NodeState, refilling: Refilling, rate: int = DEFAULT_RATE,
+    def __init__(self, node: NodeState, refilling: Rereplication, rate: int = DEFAULT_RATE,
                  grace: int = DEFAULT_GRACE_MS) -> None:
         self.node = node
         self.refilling = refilling
@@ -345,11 +343,14 @@ class Repair:
             looked += len(batch)
             for job in batch:
                 delivered = job.delivered
-                if stale.isdisjoint(delivered) or (job.state != ACTIVE and job.state != QUEUED) \
+                seen = lists.get(delivered)
+                if seen is None:
+                    seen = self._view_of(delivered, lists)
+                if not seen[0] or (job.state != ACTIVE and job.state != QUEUED) \
                         or not job.retry or job.flags & (F_DUMMY | F_RELOADED):
-                    continue
+                    continue  # (seen[0]: the list names a node past its grace)
                 job_id = job.id
-                live, counted = self._counted(job_id, delivered, lists)
+                live, counted = self._counted(job_id, seen)
                 short = job.repl - counted
                 if short <= 0 or (urgent and counted > 1):
                     continue
@@ -400,24 +401,26 @@ class Repair:
             self.cursor = cursor
         return budget
 
-    def _counted(self, job_id: bytes, delivered: tuple[bytes, ...],
-                 lists: NodeLists) -> tuple[list[bytes], int]:
+    def _view_of(self, delivered: tuple[bytes, ...], lists: NodeLists) -> NodeView:
+        """What a walk step works out once for a node list (`NodeView`), as the last tick
+        saw the cluster (`view`); kept in `lists` (jobs with the same list share one tuple,
+        `shared_delivered`)."""
+        _, alive, spared, stale = self.view
+        myself = self.node.myself
+        refilling = self.refilling.cursors
+        live = [n for n in delivered if n == myself or (n in alive and n not in refilling)]
+        seen = lists[delivered] = (
+            not stale.isdisjoint(delivered), live,
+            len(live) + sum(1 for n in delivered if n in spared),
+            [n for n in delivered if n in alive and n in refilling])
+        return seen
+
+    def _counted(self, job_id: bytes, seen: NodeView) -> tuple[list[bytes], int]:
         """The job's reachable holders (this node, and linked holders that are not being
         refilled by this node's re-replication, or were and confirmed this job's copy
         since, nor waiting for its copy of this job) and its copies counted (those, and
-        the holders within their grace), as the last tick saw the cluster (`view`).
-        `lists` keeps the part of one walk step shared by the jobs of a node list (jobs
-        added together share one tuple)."""
-        seen = lists.get(delivered)
-        if seen is None:
-            _, alive, spared, _ = self.view
-            myself = self.node.myself
-            refilling = self.refilling.cursors
-            live = [n for n in delivered if n == myself or (n in alive and n not in refilling)]
-            seen = lists[delivered] = (
-                live, len(live) + sum(1 for n in delivered if n in spared),
-                [n for n in delivered if n in alive and n in refilling])
-        live, counted, being_refilled = seen
+        the holders within their grace), from its node list's `seen` (`_view_of`)."""
+        _, live, counted, being_refilled = seen
         if being_refilled:
             has_copy = self.refilling.has_copy
             refilled = [n for n in being_refilled if has_copy(n, job_id)]
@@ -433,11 +436,12 @@ class Repair:
         return live, counted
 
     def _left_to_another(self, job_id: bytes, live: list[bytes]) -> bool:
-        """Another reachable holder ranks first and copies the job; this node does only if
-        the next walk finds it still short (that holder may list it without holding it)."""
+        """Another reachable holder ranks first (`first_sender`: the job's creator last)
+        and copies the job; this node does only if the next walk finds it still short
+        (that holder may list it without holding it)."""
         myself = self.node.myself
         return len(live) > 1 and job_id not in self.deferred_seen and myself in live and \
-            min(live, key=lambda n: rank(n, job_id)) != myself
+            first_sender(job_id, live) != myself
 
     def _may_copy(self, job_id: bytes, listed: bytes, urgent: bool, lists: NodeLists) -> bool:
         """Whether `_walk` may copy a job on disk from here, by its listed nodes (IDs
@@ -446,7 +450,10 @@ class Repair:
         memory the overflow then writes out again). The disk does not keep REPLICATE, so
         the jobs that may be short are read back and `_walk` decides."""
         nodes = tuple(listed[i:i + NODE_ID_LEN] for i in range(0, len(listed), NODE_ID_LEN))
-        live, counted = self._counted(job_id, nodes, lists)
+        seen = lists.get(nodes)
+        if seen is None:
+            seen = self._view_of(nodes, lists)
+        live, counted = self._counted(job_id, seen)
         if urgent:
             return counted <= 1
         if job_id in self.pending or self._left_to_another(job_id, live):

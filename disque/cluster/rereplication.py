@@ -373,8 +373,8 @@ class Rereplication:
         return node_id in self.node.linked_others()
 
     def _wanted(self, job: Job, target: bytes) -> bool:
-        return (job.state in (ACTIVE, QUEUED) and job.retry > 0
-                and not job.flags & (F_DUMMY | F_RELOADED) and target in job.delivered)
+        return (target in job.delivered and job.state in (ACTIVE, QUEUED)
+                and job.retry > 0 and not job.flags & (F_DUMMY | F_RELOADED))
 
     def _copies_without(self, job: Job, target: bytes, holders: set[bytes]) -> int:
         """This node's copy and those of the `holders` listed for `job`, but `target`'s
@@ -397,7 +397,6 @@ class Rereplication:
             return budget  # copies left to others wait; or wait for the link
         jobs = self.node.jobs
         count = jobs.shard_count()
-        wanted = self._wanted
         inflight = self.inflight
         empty = self._empty(target)
         holders = self._holders()
@@ -410,7 +409,7 @@ class Rereplication:
                 continue
             looked += len(shard)
             for job in list(shard.values()):
-                if wanted(job, target) and (target, job.id) not in inflight \
+                if self._wanted(job, target) and (target, job.id) not in inflight \
                         and job.id not in copied:
                     budget -= self._restore(job, target, empty, holders, now)
         if cursor >= count and self.node.on_disk:
@@ -428,7 +427,7 @@ class Rereplication:
                 for job_id, _ in found:
                     if (target, job_id) not in inflight and job_id not in copied:
                         back = self._job(job_id)
-                        if back is not None and wanted(back, target):
+                        if back is not None and self._wanted(back, target):
                             budget -= self._restore(back, target, empty, holders, now)
                 if not after:
                     cursor = count
@@ -555,7 +554,6 @@ class Rereplication:
         not reachable now wait for its link, until RECHECK_MS after its restart: a node
         still unreachable then (or forgotten) is not counted as a holder while it is, and
         comes back with a new incarnation if it restarted again."""
-        wanted = self._wanted
         inflight = self.inflight
         holders = self._holders()
         done: list[tuple[bytes, bytes]] = []
@@ -572,7 +570,7 @@ class Rereplication:
             if key in inflight or self.has_copy(target, job_id):
                 continue
             job = self._job(job_id)
-            if job is None or not wanted(job, target):
+            if job is None or not self._wanted(job, target):
                 continue
             sent = self._restore(job, target, self._empty(target), holders, now, False)
             self.rechecked += sent

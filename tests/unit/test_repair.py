@@ -3,8 +3,10 @@ Membership on a fake clock, three peers whose bus links come and go."""
 
 from __future__ import annotations
 
+import random
+
 from disque.cluster.messages import DelJob, GotJob, Header, ReplJob
-from disque.cluster.records import CONFIRM_MS, MAX_ATTEMPTS, job_record, rank
+from disque.cluster.records import CONFIRM_MS, MAX_ATTEMPTS, first_sender, job_record, rank
 from disque.cluster.repair import DEFAULT_GRACE_MS, DEFER_MS
 from disque.jobs.job import F_RELOADED
 from tests.unit.noderig import ME, NodeRig
@@ -33,16 +35,25 @@ class Rig(NodeRig):
     def copy(self, retry: int = 10, delivered: tuple[bytes, ...] = (A, B, ME),
              first: bytes | None = ME) -> bytes:
         """A job held here with REPLICATE len(delivered); with `first`, one for which
-        `rank` puts `first` ahead of the other holders but A (the rank once chose a single
-        repairer: the tests show that it no longer matters who ranks first)."""
-        while True:
-            job = self.node.add_job(b"q", b"body", 0, len(delivered), 3600, retry or 10, 0,
-                                    None, True)
-            job.retry = retry  # (RETRY 0 forces REPLICATE 1 at ADDJOB: the guard is the test)
-            live = [n for n in delivered if n != A]
-            if first is None or min(live, key=lambda n: rank(n, job.id)) == first:
-                break
-            self.node.delete_job(job)
+        `first_sender` puts `first` ahead of the other holders but A (it ranks a job's
+        creator last: for `first=ME` the job's ID names B as its creator when B holds it,
+        as a copy of a job B made would; the rank once chose a single repairer: the tests
+        show that it no longer matters who ranks first)."""
+        ids = self.node.ids
+        mine = ids.prefix
+        if first == ME and B in delivered:
+            ids.prefix = b"D-" + B[:8] + b"-"
+        try:
+            while True:
+                job = self.node.add_job(b"q", b"body", 0, len(delivered), 3600, retry or 10,
+                                        0, None, True)
+                job.retry = retry  # (RETRY 0 forces REPLICATE 1 at ADDJOB: the guard is the test)
+                live = [n for n in delivered if n != A]
+                if first is None or first_sender(job.id, live) == first:
+                    break
+                self.node.delete_job(job)
+        finally:
+            ids.prefix = mine
         job.delivered = delivered
         self.node.out = []
         return job.id
@@ -118,6 +129,36 @@ def test_the_holder_ranked_first_repairs_and_the_others_if_it_did_not() -> None:
     r2.drop(A)
     (target,) = [to for to, j, noreply in repljobs(r2.crons(1500)) if not noreply]
     assert target == min((B, C), key=lambda n: rank(n, job))
+
+
+def test_the_node_that_created_a_job_leaves_its_repair_to_another_holder() -> None:
+    # The node that created a job is its producers' node, whose loop serves their ADDJOBs
+    # (in benchmarks.downnode's rolling kill node 0 made every job and held every copy):
+    # another reachable holder repairs, whatever the rank, as re-replication's sender is
+    # chosen (`first_sender`). It still copies what is short a walk later.
+    r = Rig()
+    made_here = []
+    for _ in range(20):  # whatever the rank says of B and this node for each
+        job = r.node.add_job(b"q", b"body", 0, 3, 3600, 10, 0, None, True)
+        job.delivered = (A, B, ME)
+        made_here.append(job.id)
+    r.node.out = []
+    r.drop(A)
+    assert repljobs(r.crons(DEFAULT_GRACE_MS + 200)) == []  # all left to B
+    assert set(made_here) <= r.node.repair.deferred_seen
+    assert {jid for _, jid, _ in repljobs(r.crons(DEFER_MS + 200))} == set(made_here)
+
+
+def test_first_sender_ranks_the_creator_last_then_by_rank() -> None:
+    rng = random.Random(7)
+    nodes = [bytes(rng.choice(b"0123456789abcdef") for _ in range(40)) for _ in range(6)]
+    for _ in range(2000):
+        creator = rng.choice(nodes)
+        job_id = b"D-" + creator[:8] + b"-" + bytes(rng.choice(b"ABCDEFabcdef0123456789")
+                                                     for _ in range(24)) + b"-0e11"
+        senders = rng.sample(nodes, rng.randint(1, 5))
+        expected = min(senders, key=lambda n: (n[:8] == creator[:8], rank(n, job_id)))
+        assert first_sender(job_id, senders) == expected
 
 
 def test_a_holder_back_within_the_grace_costs_no_copy() -> None:
