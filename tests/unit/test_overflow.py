@@ -6,12 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from disque.cluster.messages import Header, Queued, WillQueue
 from disque.jobs.deadletter import DeadLetter
 from disque.jobs.job import ACKED, ACTIVE, QUEUED, Job
 from disque.overflow import store as store_module
-from disque.overflow.record import pack_job, unpack_job
+from disque.overflow.record import FIXED, pack_job, unpack_job
 from disque.overflow.spill import KEEP
 from disque.overflow.store import (
     CHUNK,
@@ -393,3 +395,46 @@ def test_a_willqueue_for_a_job_queued_on_disk_is_answered_without_reading_it_bac
     assert back is not None and C in back.delivered and back.state == QUEUED
     assert sorted(to for to, m in node.out if type(m) is Queued) == [A, B, C]
     assert node.on_disk == 39
+
+
+@settings(max_examples=300, deadline=None)
+@given(numbers=st.lists(st.integers(0, 2**15) | st.integers(-2**63, 2**64 - 1),
+                        min_size=8, max_size=8),
+       small=st.lists(st.integers(0, 255) | st.integers(256, 2**40), min_size=2,
+                      max_size=2),
+       state=st.sampled_from([ACTIVE, QUEUED]),
+       queue=st.none() | st.binary(max_size=300) | st.just(b"q" * 0xFFFF),
+       body=st.none() | st.binary(max_size=3000),
+       delivered=st.lists(st.binary(min_size=40, max_size=40) | st.binary(max_size=60),
+                          max_size=5),
+       confirmed=st.lists(st.binary(min_size=40, max_size=40), max_size=3),
+       job_id=st.binary(min_size=1, max_size=60) | st.just(b"i" * 300),
+       dead=st.booleans())
+def test_the_record_keeps_every_field_in_either_layout(numbers, small, state, queue, body,
+                                                       delivered, confirmed, job_id,
+                                                       dead) -> None:
+    # Nearly every job takes the fixed layout; a dead-letter policy, a node ID that is not
+    # 40 bytes, a queue name of 65,535 bytes or more (its length would read as no queue) or
+    # a number out of its header field's range takes the msgpack one: either way the job
+    # comes back as it went.
+    ctime, etime, delay, retry, nacks, deliveries, qtime, gc_retry = numbers
+    flags, repl = small
+    job = Job(job_id, queue, body, repl, ctime, etime, delay, retry, tuple(delivered))
+    job.state, job.flags, job.nacks, job.deliveries = state, flags, nacks, deliveries
+    job.confirmed, job.qtime, job.gc_retry = tuple(confirmed), qtime, gc_retry
+    if dead:
+        job.dl = DeadLetter(3, 2, b"dead", b"q", 100, 0, 0, 0)
+    data = pack_job(job)
+    back = unpack_job(data)
+    for f in ("id", "queue", "body", "state", "flags", "repl", "ctime", "etime", "delay",
+              "retry", "nacks", "deliveries", "delivered", "confirmed", "qtime", "gc_retry",
+              "dl"):
+        assert getattr(back, f) == getattr(job, f), f
+    fixed = (not dead and all(len(n) == 40 for n in delivered + confirmed)
+             and len(delivered) < 256 and len(confirmed) < 256
+             and all(-2**63 <= x < 2**63 for x in (ctime, etime, qtime))
+             and all(0 <= x < 2**32 for x in (delay, retry))
+             and all(0 <= x < 2**16 for x in (nacks, deliveries, gc_retry))
+             and state < 256 and flags < 256 and repl < 256 and len(job_id) < 256
+             and (queue is None or len(queue) < 0xFFFF))
+    assert (data[0] == FIXED) == fixed
