@@ -321,7 +321,12 @@ def main(argv: list[str] | None = None) -> int:
     # handles as a full disk, not kill the process (CPython ignores it too; say it here).
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 
-    def started() -> None:
+    def write_pidfile() -> None:
+        """Before the listener opens (in the running loop, which hears a SIGTERM sent
+        meanwhile): a client it answers, even -LOADING while the AOF loads, finds the file,
+        as with redis-server, whose event loop serves nobody before it writes it (written
+        once started, a CI run's test saw PING answered and no pidfile yet). Removed again
+        if the start fails."""
         if cfg.pidfile:
             try:
                 with open(cfg.pidfile, "w") as f:
@@ -329,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
                 server.own_files.append(os.path.abspath(cfg.pidfile))
             except OSError as exc:
                 log.warning("server.pidfile_failed", path=cfg.pidfile, error=str(exc))
+
+    def started() -> None:
         log.info("server.start", version=__version__, compiled=compiled.summary()[0],
                  port=cfg.port, tls_port=cfg.tls_port, bind=" ".join(cfg.bind),
                  pid=os.getpid(), config_file=cfg.config_file or "",
@@ -337,14 +344,16 @@ def main(argv: list[str] | None = None) -> int:
             daemon_ready()
 
     try:
-        served = loop.run_until_complete(server.serve(started))
+        served = loop.run_until_complete(server.serve(started, write_pidfile))
     except OSError as exc:
         log.error("server.listen_failed", port=cfg.port, error=str(exc))
         print(f"Could not listen: {exc}", file=sys.stderr)
+        server.remove_own_files()
         return 1
     except AofLoadError as exc:
         log.error("aof.load_failed", error=str(exc))
         print(str(exc), file=sys.stderr)
+        server.remove_own_files()
         return 1
     finally:
         loop.run_until_complete(asyncio.sleep(0))

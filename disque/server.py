@@ -252,6 +252,16 @@ class Server:
     def prepare_shutdown(self, mode: bytes) -> bool:
         return self.aofm.prepare_shutdown(mode)
 
+    def remove_own_files(self) -> None:
+        """The pidfile and unix socket this process made: removed on the way out, as
+        redis-server does."""
+        for path in self.own_files:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        self.own_files.clear()
+
     def shutdown(self, code: int = 0, exit_prepared: bool = False) -> None:
         """Stop serving and exit the loop (SHUTDOWN, SIGTERM, SIGINT); the AOF is flushed
         and fsynced first (SHUTDOWN has already done that: exit_prepared)."""
@@ -272,18 +282,18 @@ class Server:
             c.closing = True
             if c.transport is not None:
                 c.transport.abort()
-        for path in self.own_files:  # pidfile, unix socket: removed as redis-server does
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+        self.remove_own_files()
         if not self.stopped.done():
             self.stopped.set_result(None)
 
-    async def serve(self, started: Callable[[], None]) -> bool:
-        """Start, call `started`, and serve until shutdown(); False when shutdown came while
-        starting. One run of the loop from start to exit: uvloop hears signals only while it
-        runs, so a SIGTERM between a run that starts and a run that serves was lost."""
+    async def serve(self, started: Callable[[], None],
+                    first: Callable[[], None] | None = None) -> bool:
+        """Call `first` (the pidfile), start, call `started`, and serve until shutdown();
+        False when shutdown came while starting. One run of the loop from start to exit:
+        uvloop hears signals only while it runs, so a SIGTERM between a run that starts and
+        a run that serves was lost."""
+        if first is not None:
+            first()
         starting = asyncio.ensure_future(self.start())
         await asyncio.wait((starting, self.stopped), return_when=asyncio.FIRST_COMPLETED)
         if not starting.done():

@@ -699,7 +699,7 @@ def _write_big_aof(path: Path, n: int) -> None:
 
 def test_clients_get_loading_errors_until_a_large_aof_is_loaded(make_server) -> None:
     n = 300_000
-    p = make_server(args=EVERYSEC, start=False, name="big")
+    p = make_server(args=[*EVERYSEC, "--pidfile", "disque.pid"], start=False, name="big")
     _write_big_aof(aof_path(p), n)
     total = os.path.getsize(aof_path(p))
     p.start(wait=False)
@@ -708,6 +708,11 @@ def test_clients_get_loading_errors_until_a_large_aof_is_loaded(make_server) -> 
     loading_infos = []
     while True:
         ping, add, inf = c.pipeline([("PING",), ("ADDJOB", "q", "x", 0), ("INFO", "persistence")])
+        if not replies:
+            # a server that answers has its pidfile (written before the listener opened: a
+            # CI run's test saw PING answered before the pidfile of a start)
+            assert p.proc is not None
+            assert (p.workdir / "disque.pid").read_text() == f"{p.proc.pid}\n"
         replies.append((ping, add))
         if ping == "PONG":
             break
