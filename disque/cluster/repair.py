@@ -36,13 +36,14 @@ until it has REPLICATE reachable copies again:
   (`records.first_sender`: the node that created the job last, it serves the producers'
   ADDJOBs; in `benchmarks.downnode`'s rolling kill node 0 made every job, and ranked by
   `rank` alone it made half of the repairs, on the loop the clients wait on) and the one
-  ranked first makes the copies; the others leave the job (`deferred`) and walk again DEFER_MS after their walk
-  ends, copying what is still short then. Every holder copying at once doubled the copies
-  a crash costs, and with a large backlog and a crash every few seconds the repairs fell
-  behind (chaos random-kill lost jobs so); the others still copy, a second later, because
-  a job's list can name a node that never got its copy (an ADDJOB's REPLJOB lost with a
-  dropped connection, the job re-targeted): the only one to copy, that node would repair
-  nothing, and the job, one crash from lost, would wait (the simulation's seed 468);
+  ranked first makes the copies; the others leave the job (`deferred`) and walk again
+  DEFER_MS after their walk ends, copying what is still short then. Every holder copying
+  at once doubled the copies a crash costs, and with a large backlog and a crash every few
+  seconds the repairs fell behind (chaos random-kill lost jobs so); the others still copy,
+  a second later, because a job's list can name a node that never got its copy (an
+  ADDJOB's REPLJOB lost with a dropped connection, the job re-targeted): the only one to
+  copy, that node would repair nothing, and the job, one crash from lost, would wait (the
+  simulation's seed 468);
 - the jobs of which this node holds the one copy counted go first: on every change an
   urgent walk (`urgent`) copies only those, one new copy each, before the other walk goes
   on, and not held to `repair-rate` (only to URGENT_PER_STEP copies a step): a second crash
