@@ -112,10 +112,14 @@ def _prefix(node_id: bytes) -> int:
     return p
 
 
+def _salt(job_id: bytes) -> int:
+    return int.from_bytes(job_id[11:19], "big")  # 8 of the job ID's random chars
+
+
 def rank(node_id: bytes, job_id: bytes) -> int:
     """The order in which nodes are chosen to take a new copy of `job_id`: the first 8
     bytes of the node ID XORed with 8 of the job ID's random chars (lowest first)."""
-    return _prefix(node_id) ^ int.from_bytes(job_id[11:19], "big")
+    return _prefix(node_id) ^ _salt(job_id)
 
 
 def first_sender(job_id: bytes, senders: list[bytes]) -> bytes:
@@ -125,7 +129,7 @@ def first_sender(job_id: bytes, senders: list[bytes]) -> bytes:
     (in a rolling restart, node 0 of `benchmarks.downnode` holds every job), then by
     `rank`. (One pass, no key tuples: the walks ask it for most jobs they look at.)"""
     creator = job_id[2:10]
-    salt = int.from_bytes(job_id[11:19], "big")
+    salt = _salt(job_id)
     best = b""
     best_rank = -1
     best_created = False

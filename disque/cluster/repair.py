@@ -101,12 +101,12 @@ from disque.cluster.records import (
 )
 from disque.cluster.rereplication import Rereplication
 from disque.jobs.job import ACTIVE, F_DUMMY, F_RELOADED, QUEUED, Job
+from disque.overflow.record import NODE_ID_LEN, node_list
 from disque.state import NodeState
 from disque.timers import Timer
 
 DEFAULT_RATE: Final = 5000  # copies per second (repair-rate)
 DEFAULT_GRACE_MS: Final = 1000  # a holder unreachable this long has its copies made again
-NODE_ID_LEN: Final = 40  # bytes of a node ID (the disk lists a job's nodes concatenated)
 SCAN_PER_STEP: Final = 2000  # jobs looked at per step
 URGENT_SCAN: Final = 2  # the urgent walk looks at this many times more (its test per job is short)
 # copies the urgent walk makes per step (it is not held to repair-rate), its steps
@@ -450,7 +450,7 @@ class Repair:
         holder are not read back (a read by ID costs ~30 us, and a job brought back takes
         memory the overflow then writes out again). The disk does not keep REPLICATE, so
         the jobs that may be short are read back and `_walk` decides."""
-        nodes = tuple(listed[i:i + NODE_ID_LEN] for i in range(0, len(listed), NODE_ID_LEN))
+        nodes = node_list(listed, 0, -(-len(listed) // NODE_ID_LEN))
         seen = lists.get(nodes)
         if seen is None:
             seen = self._view_of(nodes, lists)

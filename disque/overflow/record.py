@@ -30,7 +30,7 @@ _packb: Final = msgpack.Packer(autoreset=True).pack
 _unpackb: Final = msgpack.unpackb
 
 FIXED: Final = 1  # the first byte of the FIXED layout (msgpack's array16 starts 0xdc)
-NODE_ID_LEN: Final = 40
+NODE_ID_LEN: Final = 40  # bytes of a node ID
 NO_QUEUE: Final = 0xFFFF  # the queue length of a job without one (a longer queue: msgpack)
 NO_BODY: Final = 0xFFFFFFFF  # the body length of a job without one
 # layout, state, flags, repl, ctime, etime, qtime (ms), delay, retry (s), nacks,
@@ -85,7 +85,9 @@ def job_id_of(data: bytes) -> bytes:
     return job_id
 
 
-def _node_list(data: bytes, at: int, count: int) -> tuple[bytes, ...]:
+def node_list(data: bytes, at: int, count: int) -> tuple[bytes, ...]:
+    """`count` node IDs written one after another from `at` (a record's listed and
+    confirmed nodes; a segment's `meta` lists each job's nodes so too, read by repair)."""
     if count == 1:  # (most jobs: one node, or REPLICATE's few)
         return (data[at:at + NODE_ID_LEN],)
     if not count:
@@ -110,8 +112,8 @@ def unpack_job(data: bytes) -> Job:
             body = data[at:at + body_len]
             at += body_len
         job = Job(job_id, queue, body, repl, ctime, etime, delay, retry,
-                  _node_list(data, at, n_delivered))
-        job.confirmed = _node_list(data, at + n_delivered * NODE_ID_LEN, n_confirmed)
+                  node_list(data, at, n_delivered))
+        job.confirmed = node_list(data, at + n_delivered * NODE_ID_LEN, n_confirmed)
     else:
         (job_id, queue, body, state, flags, repl, ctime, etime, delay, retry, nacks,
          deliveries, delivered, confirmed, qtime, gc_retry, dl) = _unpackb(data, use_list=False)
