@@ -9,6 +9,8 @@ below, so callers catch `NoReplicationError` rather than parse strings. Every cl
 
 from __future__ import annotations
 
+from redis._parsers.base import BaseParser  # its EXCEPTION_CLASSES: the codes it cuts off
+
 
 class DisqueError(Exception):
     """Any error reply from a node (prefix `ERR` and unknown prefixes land here)."""
@@ -109,11 +111,14 @@ def error_from_reply(line: str) -> DisqueError:
 def error_from_redis(exc: BaseException) -> DisqueError:
     """A `redis.ResponseError` (or subclass) raised for an error reply -> typed exception.
 
-    redis-py cuts the prefix off the codes it knows (`ERR`, `OOM`, `NOAUTH`, `WRONGPASS`...),
-    keeping it in `status_code` (redis-py >= 6) and in the exception class; unknown codes
-    (`NOREPL`, `LEAVING`...) stay at the start of the text."""
+    redis-py cuts the prefix off the codes it knows (`ERR`, `OOM`, `NOAUTH`, `WRONGPASS`...:
+    its parser's `EXCEPTION_CLASSES`), keeping it in `status_code` (redis-py >= 7.2) and in the
+    exception class; unknown codes (`NOREPL`, `LEAVING`...) stay at the start of the text
+    (and redis-py >= 8 gives them a `status_code` too)."""
     text = str(exc.args[0]) if exc.args else ""
     code = getattr(exc, "status_code", None)
+    if code and code not in BaseParser.EXCEPTION_CLASSES:
+        code = None  # not cut off: the text starts with it
     if not code:
         code = _REDIS_CLASS_CODES.get(type(exc).__name__)
     error = error_from_reply(f"{code} {text}" if code else text)

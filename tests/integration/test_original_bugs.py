@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import redis
 
+from disque.client.errors import error_from_redis
 from tests.harness import DisqueProcess, wait_for
 
 # -- helpers -----------------------------------------------------------------------------------
@@ -32,9 +33,7 @@ def error_reply(client: redis.Redis, *args: str | bytes) -> str:
     """Run a command that must fail and give back the server's error line, e.g. '-ERR syntax error'."""
     with pytest.raises(redis.ResponseError) as info:
         client.execute_command(*args)
-    exc = info.value
-    code = getattr(exc, "status_code", None)  # redis-py strips the code of the prefixes it knows
-    return f"-{code} {exc}" if code else f"-{exc}"
+    return f"-{error_from_redis(info.value)}"  # the prefix redis-py may have cut off, back
 
 
 def show(client: redis.Redis, job_id: str) -> dict | None:
