@@ -8,7 +8,7 @@ PORT   ?= 7711
 N      ?= 3
 PYTEST_ARGS ?=
 
-.PHONY: install bytecode compile compiled-build compiled-typecheck build-deps test-pure run test test-fast bench lint typecheck cluster cluster-stop cluster-status clean system-deps \
+.PHONY: install bytecode compile compiled-build compiled-typecheck build-deps test-pure test-rewrites run test test-fast bench lint typecheck cluster cluster-stop cluster-status clean system-deps \
         spark-zip example chaos sim
 
 # apt waits for a dpkg lock another apt run holds (a second `make` beside this one) rather than
@@ -123,7 +123,12 @@ run: install
 TEST_WORKERS ?= 4
 # the suite's workers take port shares 0..TEST_WORKERS-1, the pure-Python run beside it the last
 PORT_SHARES := $(shell echo $$(( $(TEST_WORKERS) + 1 )))
-PYTEST_RUN = $(PY) -m pytest -q -n $(TEST_WORKERS) --durations=30
+# pytest rewrites the asserts of every test module it imports (9 CPU-s for the suite's, in
+# each of the four workers and the pure-Python run) and keeps the result beside the module,
+# unless PYTHONDONTWRITEBYTECODE is set (as on this machine and CI's): PYTEST clears it, and
+# test-rewrites fills that cache once, beside the compile, before the workers start.
+PYTEST = PYTHONDONTWRITEBYTECODE= $(PY) -m pytest
+PYTEST_RUN = $(PYTEST) -q -n $(TEST_WORKERS) --durations=30
 
 # Both builds are tested (issue 21). The whole suite runs on the compiled build (CI sets
 # DISQUE_REQUIRE_COMPILED=1: a compile that fails, or a stale build, fails the run instead of
@@ -152,7 +157,7 @@ else
 # run; mypy and the suite once the compile is done
 define BOTH_BUILDS
 	@$(MAKE) --no-print-directory compiled-build & build=$$!; \
-	$(MAKE) --no-print-directory system-deps $(STAMP); irc=$$?; \
+	$(MAKE) --no-print-directory system-deps $(STAMP) test-rewrites; irc=$$?; \
 	( DISQUE_PORT_SLICE=$(TEST_WORKERS)/$(PORT_SHARES) $(MAKE) --no-print-directory test-pure > $(PURE_LOG) 2>&1 ) & pure=$$!; \
 	wait $$build; brc=$$?; \
 	[ $$irc = 0 ] && [ $$brc = 0 ] && $(MAKE) --no-print-directory compiled-typecheck && \
@@ -171,8 +176,13 @@ test-fast: $(BASE_STAMP) bytecode
 	$(call BOTH_BUILDS,$(PYTEST_RUN) -m "not slow" $(PYTEST_ARGS))
 
 test-pure: $(STAMP) system-deps bytecode
-	DISQUE_NO_COMPILE=1 $(PY) -m pytest -q -n 0 -p no:cacheprovider tests/unit tests/sim \
+	DISQUE_NO_COMPILE=1 $(PYTEST) -q -n 0 -p no:cacheprovider tests/unit tests/sim \
 		$(PURE_SMOKE)
+
+# pytest's rewritten test modules written once (see PYTEST); a collection error is the suite's
+# to report
+test-rewrites: $(STAMP)
+	@DISQUE_NO_COMPILE=1 $(PYTEST) --collect-only -q -p no:cacheprovider >/dev/null 2>&1 || true
 
 # the compile, then mypy (one after the other: both run mypy over the same cache)
 compiled-typecheck: compiled-build
