@@ -95,9 +95,10 @@ class Node(NodeState):
                  maxmemory: int = 1 << 30, maxmemory_policy: str = "acks",
                  queue_idle_timeout: int = 300, latency: LatencyMonitor | None = None,
                  membership: Membership | None = None,
-                 on_out: Callable[[], None] = _nothing) -> None:
+                 on_out: Callable[[], None] = _nothing, registry_bits: int = 12) -> None:
         super().__init__(myself, clock, rng=rng, randbytes=randbytes, maxmemory=maxmemory,
-                         latency=latency, membership=membership, on_out=on_out)
+                         latency=latency, membership=membership, on_out=on_out,
+                         registry_bits=registry_bits)
         self.last_ctime = 0
         self.deadletters = DeadLetters(self)
         self.requeue = Requeue(self, self.deadletters)

@@ -99,7 +99,7 @@ class NodeState:
                  randbytes: Callable[[int], bytes] | None = None,
                  maxmemory: int = 1 << 30, latency: LatencyMonitor | None = None,
                  membership: Membership | None = None,
-                 on_out: Callable[[], None] = _nothing) -> None:
+                 on_out: Callable[[], None] = _nothing, registry_bits: int = 12) -> None:
         self.myself = myself  # 40 hex chars, as bytes
         self.self_only = (myself,)  # the `delivered` list of a job only this node holds
         self.clock = clock
@@ -112,7 +112,9 @@ class NodeState:
         self.rng = rng or random.Random()
         self.random = self.rng.random
         self.ids = IdGenerator(myself, randbytes) if randbytes else IdGenerator(myself)
-        self.jobs: ScanDict[bytes, Job] = ScanDict(12)
+        # 2^registry_bits shards (JSCAN's cursor steps); the simulation, which walks the
+        # registry after every event, asks for fewer
+        self.jobs: ScanDict[bytes, Job] = ScanDict(registry_bits)
         self.queues: ScanDict[bytes, Queue] = ScanDict(8)
         # The registry's shards, held directly: register/lookup are on the hot path.
         self.jshards = self.jobs.shards

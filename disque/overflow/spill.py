@@ -238,7 +238,7 @@ class Overflow:
         pinned = self.pinned
         next_wake = state.next_wake
         soon = now + ACTIVE_MIN_AWAY
-        for _ in range(ACTIVE_SHARDS):
+        for _ in range(min(ACTIVE_SHARDS, n)):  # (a shard seen twice: its jobs spilled twice)
             shard = table.shard(self._jcursor)
             self._jcursor = (self._jcursor + 1) % n
             for job in shard.values():

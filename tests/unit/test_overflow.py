@@ -321,6 +321,27 @@ def test_active_jobs_go_to_disk_and_come_back_for_their_requeue(tmp_path: Path) 
     assert all(node.lookup_job(j.id) is None for j in jobs)
 
 
+def test_a_registry_of_few_shards_spills_each_active_job_once(tmp_path: Path) -> None:
+    # The walk of active jobs looks at up to ACTIVE_SHARDS shards: in a registry of fewer
+    # (the simulation's 16) it went round and wrote a job once per lap, counting it on disk
+    # that often; the registry's size and the memory estimate then drifted
+    sim = Sim(maxmemory=4 << 20, registry_bits=4)
+    node = sim.node
+    node.overflow.enable(str(tmp_path / "ov" / "jobs.db"), 50, 0)
+    node.overflow.keep = 1 << 30  # queued jobs stay: memory is freed from active jobs only
+    jobs = fill(sim, 3000, retry=30)
+    active = node.get_jobs([b"q"], 20)  # a few active jobs among many queued ones
+    sim.advance(50)
+    assert all(node.jobs.get(j.id) is None for j in active)  # on disk
+    assert len(node.jobs) == sum(len(shard) for shard in node.jobs.shards)
+    assert node.on_disk + len(node.jobs) == 3000
+    node.overflow.keep = KEEP
+    sim.advance(31_000)
+    assert drain(sim) == [b"%06d" % i for i in range(3000)]
+    assert node.on_disk == 0 and len(node.jobs) == 0
+    assert all(node.lookup_job(j.id) is None for j in jobs)
+
+
 def test_active_jobs_due_back_soon_stay_in_memory(tmp_path: Path) -> None:
     # (with RETRY 2, a chaos run wrote each job to disk ~5 times: each came back for its
     # requeue, or the WILLQUEUE before it, within two seconds of going)
