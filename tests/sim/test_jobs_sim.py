@@ -36,6 +36,23 @@ def gone_everywhere(net: SimCluster, job_id: bytes) -> bool:
     return not net.holders(job_id)
 
 
+# ---------------------------------------------------------------------------- the check
+def test_the_per_event_check_finds_a_queued_job_outside_its_queue() -> None:
+    net = formed(3, seed=1)
+    jid = added(net, 0, replicate=3, retry=30)
+    # node 1 holds an ACTIVE copy; marked QUEUED without being queued, the event that did it
+    # fails the check
+    with pytest.raises(AssertionError, match="queued but in no queue"):
+        net.run_on(1, lambda n: setattr(n.lookup_job(jid), "state", QUEUED))
+
+
+def test_the_per_event_check_finds_a_job_in_a_queue_that_is_not_queued() -> None:
+    net = formed(3, seed=1)
+    jid = added(net, 0, replicate=1, retry=30)
+    with pytest.raises(AssertionError, match="in queue"):
+        net.run_on(0, lambda n: setattr(n.lookup_job(jid), "state", ACTIVE))
+
+
 # ---------------------------------------------------------------------------- basics
 def test_replicate_3_puts_a_copy_on_every_node_of_a_3_node_cluster() -> None:
     net = formed(3, seed=1)
