@@ -148,7 +148,7 @@ PURE_LOG := test-pure.log
 
 ifeq ($(DISQUE_NO_COMPILE),1)
 define BOTH_BUILDS
-	$(MAKE) --no-print-directory system-deps typecheck
+	$(MAKE) --no-print-directory system-deps typecheck test-rewrites
 	$(1)
 endef
 else
