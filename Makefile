@@ -201,13 +201,15 @@ chaos: install
 
 # Randomized simulation schedules (tests/sim/schedules.py) with rolling crashes; a failing
 # seed prints its one-line reproduction. SIM_ARGS=--overflow: every node overflows to disk.
+# SIM_JOBS processes run seeds side by side (0: one per CPU).
 SEEDS ?= 1000
 SIM_CRASHES ?= 3
 SIM_RANDOM_KILL ?= 0
+SIM_JOBS ?= 0
 SIM_ARGS ?=
 sim: install
 	$(PY) -m tests.sim.schedules --seeds $(SEEDS) --crashes $(SIM_CRASHES) \
-		--random-kill $(SIM_RANDOM_KILL) $(SIM_ARGS)
+		--random-kill $(SIM_RANDOM_KILL) --jobs $(SIM_JOBS) $(SIM_ARGS)
 
 lint: install typecheck
 	$(VENV)/bin/ruff check disque tests benchmarks examples

@@ -22,6 +22,7 @@ one copy of every job then survives each crash.
     python -m tests.sim.schedules --seeds 1000 [--start 0] [--crashes 3]
     python -m tests.sim.schedules --seed 1234          # one seed, verbose: a reproduction
     python -m tests.sim.schedules --seeds 200 --overflow  # every node overflows to a file
+    python -m tests.sim.schedules --seeds 10000 --random-kill 30 --jobs 2  # on two cores
 
 A failing seed prints its one-line reproduction command; failing seeds found this way are
 kept as explicit examples in test_jobs_sim.py.
@@ -30,6 +31,8 @@ kept as explicit examples in test_jobs_sim.py.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import os
 import random
 import sys
 import tempfile
@@ -264,6 +267,22 @@ def random_params(seed: int, crashes: int) -> dict[str, Any]:
             "crashes": crashes, "aof": rng.random() < 0.5, "backlog": rng.random() < 0.5}
 
 
+def run_seed(seed: int, random_kill: int, crashes: int) -> str | None:
+    """One seed's schedule: None if clean, else what it violated."""
+    try:
+        if random_kill:
+            run_random_kills(**random_kill_params(seed, random_kill))
+        else:
+            run_schedule(**random_params(seed, crashes))
+    except AssertionError as e:
+        return str(e)[:300]
+    return None
+
+
+def _run_seed(job: tuple[int, int, int]) -> tuple[int, str | None]:
+    return job[0], run_seed(*job)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="randomized fault schedules of the simulation")
     ap.add_argument("--seeds", type=int, default=100, help="how many schedules")
@@ -275,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
                          "instead (5 nodes, up to 2 down at once)")
     ap.add_argument("--overflow", action="store_true",
                     help="every node with overflow on, past a few jobs (issue 22)")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="processes running seeds side by side (0: one per CPU)")
     args = ap.parse_args(argv)
     global OVERFLOW_DIR
     if args.overflow:
@@ -288,21 +309,37 @@ def main(argv: list[str] | None = None) -> int:
                                                              args.start + args.seeds)
     failed = []
     t0 = time.monotonic()
-    for k, seed in enumerate(seeds, 1):
+    pool = None
+    if args.seed is not None:  # a reproduction: in this process, with the traceback
         try:
             if args.random_kill:
-                run_random_kills(**random_kill_params(seed, args.random_kill))
+                run_random_kills(**random_kill_params(args.seed, args.random_kill))
             else:
-                run_schedule(**random_params(seed, args.crashes))
+                run_schedule(**random_params(args.seed, args.crashes))
+            results: Any = [(args.seed, None)]
         except AssertionError as e:
+            traceback.print_exc()
+            results = [(args.seed, str(e)[:300])]
+    else:
+        jobs = [(seed, args.random_kill, args.crashes) for seed in seeds]
+        procs = args.jobs or os.cpu_count() or 1
+        if procs > 1:  # (forked: the workers inherit OVERFLOW_DIR)
+            pool = multiprocessing.get_context("fork").Pool(procs)
+            results = pool.imap_unordered(_run_seed, jobs)
+        else:
+            results = map(_run_seed, jobs)
+    for k, (seed, error) in enumerate(results, 1):
+        if error is not None:
             failed.append(seed)
-            print(f"seed {seed} FAILED: {str(e)[:300]}\n  reproduce: .venv/bin/python -m "
+            print(f"seed {seed} FAILED: {error}\n  reproduce: .venv/bin/python -m "
                   f"tests.sim.schedules --seed {seed} {again}", flush=True)
-            if args.seed is not None:
-                traceback.print_exc()
         if k % 500 == 0:
             print(f"{k} schedules, {len(failed)} failed, {time.monotonic() - t0:.0f}s",
                   file=sys.stderr, flush=True)
+    if pool is not None:
+        pool.close()
+        pool.join()
+    failed.sort()
     total = len(seeds)
     print(f"{total - len(failed)} of {total} schedules clean ({what} each), "
           f"{time.monotonic() - t0:.0f}s; failing seeds: {failed}")
