@@ -267,13 +267,18 @@ def random_params(seed: int, crashes: int) -> dict[str, Any]:
             "crashes": crashes, "aof": rng.random() < 0.5, "backlog": rng.random() < 0.5}
 
 
+def run_one(seed: int, random_kill: int, crashes: int) -> None:
+    """One seed's schedule (AssertionError: what it violated)."""
+    if random_kill:
+        run_random_kills(**random_kill_params(seed, random_kill))
+    else:
+        run_schedule(**random_params(seed, crashes))
+
+
 def run_seed(seed: int, random_kill: int, crashes: int) -> str | None:
     """One seed's schedule: None if clean, else what it violated."""
     try:
-        if random_kill:
-            run_random_kills(**random_kill_params(seed, random_kill))
-        else:
-            run_schedule(**random_params(seed, crashes))
+        run_one(seed, random_kill, crashes)
     except AssertionError as e:
         return str(e)[:300]
     return None
@@ -312,10 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     pool = None
     if args.seed is not None:  # a reproduction: in this process, with the traceback
         try:
-            if args.random_kill:
-                run_random_kills(**random_kill_params(args.seed, args.random_kill))
-            else:
-                run_schedule(**random_params(args.seed, args.crashes))
+            run_one(args.seed, args.random_kill, args.crashes)
             results: Any = [(args.seed, None)]
         except AssertionError as e:
             traceback.print_exc()
