@@ -8,7 +8,7 @@ everything heals and the invariants are checked:
 - every at-least-once job whose ADDJOB returned an ID is delivered at least once;
 - an at-most-once job is never delivered twice;
 - once everything was acked and collected, no node holds any job;
-- (after every event) a job is queued iff it is in its queue.
+- (after every event that reaches the job layer) a job is queued iff it is in its queue.
 
 Crashes are rolling: up to `crashes` per schedule, one node down at a time, each restarted
 2 s later (with `aof`, reloading its jobs; without, empty), and the next crash only after

@@ -1,8 +1,8 @@
 """Jobs across a simulated cluster: replication, federation, ACK GC, re-queue after a crash,
 partitions, and hypothesis-generated fault schedules. Full Nodes (membership + jobs) run on
 the simulated network of tests/sim/cluster.py; times are simulated ms, every run is
-reproducible from its seed, and after every event the hosts check that a job is in a queue
-iff its state is queued."""
+reproducible from its seed, and after every event that reaches the job layer the hosts
+check that a job is in a queue iff its state is queued."""
 
 from __future__ import annotations
 
