@@ -456,8 +456,8 @@ class SimCluster(SimNetwork):
 def check_queues(node: Node, idx: int, names: set[bytes]) -> None:
     """A job in memory is in a queue iff its state is QUEUED (then in its own queue,
     registered), over the whole registry and the queues `names`."""
-    # (node.jobs.get, not lookup_job: that brings jobs back from disk)
-    shards, mask = node.jobs.shards, node.jobs.mask
+    # (node.jobs, not lookup_job: that brings jobs back from disk)
+    registry = node.jobs
     in_queues: set[bytes] = set()
     for name in names:
         q = node.lookup_queue(name)
@@ -466,9 +466,8 @@ def check_queues(node: Node, idx: int, names: set[bytes]) -> None:
         for job in q.jobs:
             assert job.state == QUEUED, f"node{idx}: {job!r} in queue {q.name!r}"
             assert job.queue == q.name, f"node{idx}: {job!r} in the wrong queue {q.name!r}"
-            assert shards[hash(job.id) & mask].get(job.id) is job, f"node{idx}: queued {job!r} unregistered (registry: {node.jobs.get(job.id)!r})"
+            assert registry.get(job.id) is job, f"node{idx}: queued {job!r} unregistered (registry: {registry.get(job.id)!r})"
             assert job.id not in in_queues, f"node{idx}: {job!r} queued twice"
             in_queues.add(job.id)
-    lost = [job for shard in shards for job in shard.values()
-            if job.state == QUEUED and job.id not in in_queues]
+    lost = [job for job in registry.values() if job.state == QUEUED and job.id not in in_queues]
     assert not lost, f"node{idx}: {lost[0]!r} queued but in no queue"

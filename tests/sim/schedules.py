@@ -275,17 +275,14 @@ def run_one(seed: int, random_kill: int, crashes: int) -> None:
         run_schedule(**random_params(seed, crashes))
 
 
-def run_seed(seed: int, random_kill: int, crashes: int) -> str | None:
-    """One seed's schedule: None if clean, else what it violated."""
+def run_seed(job: tuple[int, int, int]) -> tuple[int, str | None]:
+    """One (seed, random_kill, crashes) schedule: the seed, and None if it ran clean, else
+    what it violated (a pool's worker function)."""
     try:
-        run_one(seed, random_kill, crashes)
+        run_one(*job)
     except AssertionError as e:
-        return str(e)[:300]
-    return None
-
-
-def _run_seed(job: tuple[int, int, int]) -> tuple[int, str | None]:
-    return job[0], run_seed(*job)
+        return job[0], str(e)[:300]
+    return job[0], None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -327,9 +324,9 @@ def main(argv: list[str] | None = None) -> int:
         procs = args.jobs or os.cpu_count() or 1
         if procs > 1:  # (forked: the workers inherit OVERFLOW_DIR)
             pool = multiprocessing.get_context("fork").Pool(procs)
-            results = pool.imap_unordered(_run_seed, jobs)
+            results = pool.imap_unordered(run_seed, jobs)
         else:
-            results = map(_run_seed, jobs)
+            results = map(run_seed, jobs)
     for k, (seed, error) in enumerate(results, 1):
         if error is not None:
             failed.append(seed)

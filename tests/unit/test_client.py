@@ -281,7 +281,6 @@ def test_redis_exception_without_status_code_is_mapped_by_class():
     assert type(error_from_redis(exc)) is OutOfMemoryError
 
 
-
 @pytest.mark.parametrize("status_code", [None, "NOREPL"])
 def test_an_uncut_prefix_is_not_doubled_whatever_status_code_says(status_code):
     # redis-py < 8 leaves status_code unset for a code it does not know, 8.x sets it; either
@@ -291,6 +290,7 @@ def test_an_uncut_prefix_is_not_doubled_whatever_status_code_says(status_code):
     mapped = error_from_redis(exc)
     assert type(mapped) is NoReplicationError
     assert str(mapped) == "NOREPL Not enough reachable nodes"
+
 
 def test_connection_error_is_a_disque_error_and_a_builtin_connection_error():
     exc = DisqueConnectionError("gone", unreachable=True)
