@@ -33,6 +33,7 @@ has named (on the bus, in ADDJOB). `check_all` checks every queue of every live 
 
 from __future__ import annotations
 
+import os
 import random
 from collections import defaultdict
 from collections.abc import Callable
@@ -224,7 +225,9 @@ class SimCluster(SimNetwork):
             # OVERFLOW_KEEP jobs spill too
             node.maxmemory = 2 * (BASE_MEMORY + OVERFLOW_ROOM)
             node.overflow.keep = OVERFLOW_KEEP
-            node.overflow.enable(f"{self.overflow_dir}/n{sn.idx}-{sn.incarnation}.db", 50, 0)
+            # (the process in the name: the seed runner's workers share the directory)
+            node.overflow.enable(
+                f"{self.overflow_dir}/p{os.getpid()}-n{sn.idx}-{sn.incarnation}.db", 50, 0)
         return node
 
     def node(self, i: int) -> Node:
