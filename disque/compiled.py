@@ -69,6 +69,7 @@ HOT_MODULES: Final = (
     "disque.connection",
     "disque.dispatch",
     "disque.commands.registry",
+    "disque.commands.basic",
     "disque.commands.addjob",
     "disque.commands.jobs",
     "disque.commands.queues",

@@ -95,6 +95,6 @@ __all__ = ["FLAG_ORDER", "TABLE", "Blocker", "Caller", "Command", "Handler", "co
 
 def load_all() -> dict[bytes, Command]:
     """Import every command module (each registers its handlers) and return TABLE."""
-    from disque.commands import admin, jobs, queues  # noqa: F401
+    from disque.commands import admin, basic, jobs, queues  # noqa: F401
 
     return TABLE

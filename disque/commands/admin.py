@@ -1,4 +1,4 @@
-"""Server and admin commands: PING, ECHO, TIME, AUTH, HELLO, INFO, CONFIG, CLIENT, COMMAND,
+"""Server and admin commands (PING and ECHO: disque.commands.basic): TIME, AUTH, HELLO, INFO, CONFIG, CLIENT, COMMAND,
 DEBUG, SHUTDOWN, MONITOR, SLOWLOG, LATENCY, CLUSTER, BGREWRITEAOF."""
 
 from __future__ import annotations
@@ -20,29 +20,16 @@ from disque.commands import (
     int_arg,
     parse_int,
     timeout_arg,
-    wrong_arity,
 )
 from disque.commands.info import render_info
 from disque.config import ConfigSetError, config_get, config_rewrite, config_set
 from disque.protocol.errors import CommandError, err, syntax
-from disque.protocol.reply import OK, PONG, Map, Status, bulk, encode, integer
+from disque.protocol.reply import OK, Map, Status, bulk, encode, integer
 
 if TYPE_CHECKING:
     from disque.server import Server
 
 # ---------------------------------------------------------------------------- basics
-
-
-@command("ping", -1, "readonly fast")
-def cmd_ping(c: Caller, argv: list[bytes]) -> None:
-    if len(argv) > 2:
-        raise wrong_arity("ping")
-    c.out.append(PONG if len(argv) == 1 else bulk(argv[1]))
-
-
-@command("echo", 2, "readonly fast")
-def cmd_echo(c: Caller, argv: list[bytes]) -> None:
-    c.out.append(bulk(argv[1]))
 
 
 @command("time", 1, "readonly fast")

@@ -41,8 +41,10 @@ def has_big_count(data: bytes) -> bool:
     spike), so such bytes make the reader walk the headers first (rare: only a payload
     holding them pays for it). What the regular expression `\\*[0-9]{7,}` would find, in
     two C passes (a translation, a substring search) instead of its per-call cost (about
-    1,500 instructions for a one-request read)."""
-    return b"*0000000" in data.translate(_COUNT_MAP)
+    1,500 instructions for a one-request read). `find`, not `in`: bytes' `in` tries its
+    argument as an integer first, and formats the TypeError it then drops (a quarter of the
+    server's user time per PING)."""
+    return data.translate(_COUNT_MAP).find(b"*0000000") >= 0
 
 
 def request_size(req: list[bytes]) -> int:
