@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
+from mypy_extensions import i64
+
 K = TypeVar("K")
 V = TypeVar("V")
 
@@ -19,13 +21,15 @@ V = TypeVar("V")
 class ScanDict(Generic[K, V]):
     """`shards`, `mask` and `size` are public: the hot paths of the node insert into a
     shard directly (`shards[hash(key) & mask][key] = value`) and count it (`size += 1`),
-    saving a method call per job."""
+    saving a method call per job. `mask` is a native 64-bit int in the compiled build: a
+    string's hash is one, and half of them are too large for the compiled code's small
+    ints, so `hash(key) & mask` with a plain int `mask` made a new int object each time."""
 
     __slots__ = ("shards", "mask", "size")
 
     def __init__(self, bits: int = 12) -> None:
         self.shards: list[dict[K, V]] = [{} for _ in range(1 << bits)]
-        self.mask = (1 << bits) - 1
+        self.mask: i64 = (1 << bits) - 1
         self.size = 0
 
     def get(self, key: K) -> V | None:
