@@ -69,6 +69,7 @@ EXPIRE_BATCH: Final = 1000  # expired jobs brought back per look
 EXPIRE_PERIOD: Final = 100  # ms between looks for expired jobs on disk
 FULL_RETRY_MS: Final = 1000  # after a refused write, no spill before this
 ACTIVE_LOOK: Final = 65536  # timer entries one spill of active jobs looks at, at most
+LAP_MS: Final = 100  # ms between the starts of two laps down the timer wheel, at least
 ACTIVE_ROUNDS: Final = 8  # spills of active jobs per tick, at most
 # an active job whose timer wants it back sooner than this (ms; its requeue, or the
 # WILLQUEUE before it) stays in memory: it would come back before its place on disk paid
@@ -95,8 +96,7 @@ class Overflow:
         self._cursor = 0  # queue-table shard the next spill starts from
         # the wheel's bucket keys the lap of the spill of active jobs has left, ascending
         self._lap: list[int] = []
-        self._spill_no = 0  # spill() calls so far
-        self._lap_no = -1  # the spill() call the last lap started in
+        self._next_lap = 0  # the soonest time a new lap may start
         self._last_expire = 0
         self._timer = Timer(self.tick)
 
@@ -158,7 +158,6 @@ class Overflow:
         number moved."""
         state = self.state
         target = state.spill_at - state.spill_at // 64
-        self._spill_no += 1
         queues = state.queues
         n = queues.shard_count()
         candidates: list[Queue] = []
@@ -233,8 +232,8 @@ class Overflow:
     def _spill_active(self, target: int, now: int) -> int:
         """Active jobs (copies held for other nodes, jobs delivered or waiting for their
         requeue or delay), latest timer first: a lap down the timer wheel's buckets from the
-        latest (their keys sorted once, at the lap's start; one lap starts per spill at
-        most), resumed where the last spill stopped. So the jobs that
+        latest (their keys sorted once, at the lap's start; a lap starts LAP_MS after the
+        last one at the soonest), resumed where the last spill stopped. So the jobs that
         come back last go first, and a segment holds neighbours in time: the copies of a
         queue's jobs, acked in queue order, come back a segment read at a time (the store's
         cache of segments) rather than a read each, as they did in registry order. The
@@ -244,10 +243,10 @@ class Overflow:
         low = soon // RES  # a bucket at or below this key holds timers due before `soon`
         keys = self._lap
         if not keys:
-            if self._lap_no == self._spill_no:
-                return 0  # (a lap started in this spill already: the next one, next tick)
+            if now < self._next_lap:
+                return 0
             keys = self._lap = state.wheel.keys_past(low)
-            self._lap_no = self._spill_no
+            self._next_lap = now + LAP_MS
         want = min(SPILL_BATCH, (state.mem_used - target) // (JOB_MEMORY + 64) + 1)
         wheel = state.wheel
         pinned = self.pinned
