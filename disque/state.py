@@ -133,9 +133,6 @@ class NodeState:
         # Overflow (disque.overflow): jobs on disk now (a registry miss asks the disk while
         # there are some), and the memory estimate above which jobs go there.
         self.on_disk = 0
-        # the newest ctime of a job that went to disk (none on disk is newer): a copy
-        # received for a newer job cannot be held on disk, and is not looked for there
-        self.disk_newest = 0
         self.spill_at = 1 << 62
         self.out: list[tuple[bytes, Message]] = []  # bus messages to send: (node id, msg)
         self.on_out = on_out  # called when the outbox goes from empty to non-empty

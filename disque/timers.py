@@ -191,18 +191,6 @@ class TimerWheel:
             self.earliest = heap[0] if heap else NEVER
             self._stale_keys = 0
 
-    def keys_past(self, low: int) -> list[int]:
-        """The keys of the buckets past key `low`, ascending (a bucket of key k holds the
-        entries due in ((k - 1) * RES, k * RES]): popped, they walk from the latest timers
-        down, with `bucket_at` (the overflow's spill of active jobs)."""
-        return sorted([k for k in self._buckets if k > low])
-
-    def bucket_at(self, key: int) -> list[Any]:
-        """The entries of bucket `key`, stale copies included (a live entry's awake is in
-        the bucket's RES ms); empty when there is no such bucket."""
-        bucket = self._buckets.get(key)
-        return bucket.entries if bucket is not None else []
-
     def next_due(self) -> int | None:
         """Earliest time (ms) at which due() may return something, or None if empty."""
         return self._heap[0] * RES if self._heap else None

@@ -513,7 +513,7 @@ class JobReplication:
             # register() and the lookup of a copy we already hold in one probe of the
             # registry (among millions of jobs, each probe is a cache miss)
             shard = shards[hash(job_id) & mask]
-            if st.on_disk and ctime <= st.disk_newest and job_id not in shard:
+            if st.on_disk and job_id not in shard:
                 # a copy held on disk (disque.overflow) merges too: read back, unless it
                 # lists the same nodes (re-replication sends a job from every holder)
                 if st.held_on_disk(job_id, delivered):

@@ -6,8 +6,7 @@ What moves, while the node's memory estimate is above `overflow-threshold` perce
 maxmemory (`spill`, every SPILL_PERIOD ms while overflowing): first jobs QUEUED on this
 node, newest first, from the queues holding the most jobs in memory (the oldest KEEP jobs of
 each queue stay: they are what GETJOB serves next); then ACTIVE jobs (copies held for other
-nodes, jobs delivered and waiting for their ACK or requeue, delayed jobs), latest timer
-first (so a segment holds neighbours in time, that are asked for together), but not one a
+nodes, jobs delivered and waiting for their ACK or requeue, delayed jobs), but not one a
 synchronous ADDJOB still waits on (`pinned`), nor one whose timer wants it back within
 ACTIVE_MIN_AWAY ms (a short RETRY: it would be read back before it saved anything). Jobs
 waiting for their copies and acked jobs stay in memory. A spilled job leaves the registry,
@@ -55,7 +54,7 @@ from disque.overflow.record import pack_job, unpack_job
 from disque.overflow.store import OverflowFull, OverflowStore, Row, fingerprint
 from disque.queues.queue import PAUSE_OUT, Queue
 from disque.state import NodeState
-from disque.timers import RES, Timer
+from disque.timers import Timer
 
 log = structlog.get_logger("disque.overflow")
 
@@ -68,8 +67,7 @@ REFILL: Final = 512  # jobs brought back to a queue's head at a time
 EXPIRE_BATCH: Final = 1000  # expired jobs brought back per look
 EXPIRE_PERIOD: Final = 100  # ms between looks for expired jobs on disk
 FULL_RETRY_MS: Final = 1000  # after a refused write, no spill before this
-ACTIVE_LOOK: Final = 65536  # timer entries one spill of active jobs looks at, at most
-LAP_MS: Final = 100  # ms between the starts of two laps down the timer wheel, at least
+ACTIVE_SHARDS: Final = 512  # registry shards one spill of active jobs looks at, at most
 ACTIVE_ROUNDS: Final = 8  # spills of active jobs per tick, at most
 # an active job whose timer wants it back sooner than this (ms; its requeue, or the
 # WILLQUEUE before it) stays in memory: it would come back before its place on disk paid
@@ -94,9 +92,7 @@ class Overflow:
         self._refused = ""  # why the store refused the last write
         self.spills = 0  # spill transactions done
         self._cursor = 0  # queue-table shard the next spill starts from
-        # the wheel's bucket keys the lap of the spill of active jobs has left, ascending
-        self._lap: list[int] = []
-        self._next_lap = 0  # the soonest time a new lap may start
+        self._jcursor = 0  # registry shard the next spill of active jobs starts from
         self._last_expire = 0
         self._timer = Timer(self.tick)
 
@@ -231,53 +227,31 @@ class Overflow:
 
     def _spill_active(self, target: int, now: int) -> int:
         """Active jobs (copies held for other nodes, jobs delivered or waiting for their
-        requeue or delay), latest timer first: a lap down the timer wheel's buckets from the
-        latest (their keys sorted once, at the lap's start; a lap starts LAP_MS after the
-        last one at the soonest), resumed where the last spill stopped. So the jobs that
-        come back last go first, and a segment holds neighbours in time: the copies of a
-        queue's jobs, acked in queue order, come back a segment read at a time (the store's
-        cache of segments) rather than a read each, as they did in registry order. The
-        number moved, -1 when the store refused them."""
+        requeue or delay), a bounded walk of the registry from where the last one stopped;
+        the number moved, -1 when the store refused them."""
         state = self.state
-        soon = now + ACTIVE_MIN_AWAY
-        low = soon // RES  # a bucket at or below this key holds timers due before `soon`
-        keys = self._lap
-        if not keys:
-            if now < self._next_lap:
-                return 0
-            keys = self._lap = state.wheel.keys_past(low)
-            self._next_lap = now + LAP_MS
+        table = state.jobs
+        n = table.shard_count()
+        jobs: list[Job] = []
+        rows: list[Row] = []
         want = min(SPILL_BATCH, (state.mem_used - target) // (JOB_MEMORY + 64) + 1)
-        wheel = state.wheel
         pinned = self.pinned
         next_wake = state.next_wake
-        chosen: dict[bytes, Job] = {}  # (a job rescheduled away and back has two copies)
-        looked = 0
-        while keys and len(chosen) < want and looked < ACTIVE_LOOK:
-            key = keys.pop()  # (ascending: the latest left)
-            if key <= low:
-                keys.clear()  # the lap reached the timers due soon
+        soon = now + ACTIVE_MIN_AWAY
+        for _ in range(min(ACTIVE_SHARDS, n)):  # (a shard seen twice: its jobs spilled twice)
+            shard = table.shard(self._jcursor)
+            self._jcursor = (self._jcursor + 1) % n
+            for job in shard.values():
+                if job.state == ACTIVE and not pinned(job.id):
+                    wake = next_wake(job)
+                    if wake >= soon:
+                        jobs.append(job)
+                        rows.append((job.id, b"", job.ctime, wake, b"".join(job.delivered),
+                                     _copyable(job), pack_job(job), _fingerprint(job)))
+            if len(jobs) >= want:
                 break
-            hi = key * RES
-            entries = wheel.bucket_at(key)
-            for i in range(len(entries) - 1, -1, -1):  # (the latest scheduled first)
-                entry = entries[i]
-                looked += 1
-                if not isinstance(entry, Job):
-                    continue  # (a timer that is not a job's)
-                awake = entry.awake
-                if (awake <= hi - RES or awake > hi or entry.state != ACTIVE
-                        or pinned(entry.id) or next_wake(entry) < soon):
-                    continue  # (a stale copy: the job moved, went to disk or is gone)
-                chosen[entry.id] = entry
-                if len(chosen) >= want:
-                    keys.append(key)  # (the rest of the bucket next time)
-                    break
-        if not chosen:
+        if not jobs:
             return 0
-        jobs = list(chosen.values())
-        rows: list[Row] = [(job.id, b"", job.ctime, next_wake(job), b"".join(job.delivered),
-                            _copyable(job), pack_job(job), _fingerprint(job)) for job in jobs]
         if not self._put(rows, now):
             return -1
         self._forget(jobs)
@@ -293,11 +267,7 @@ class Overflow:
             return False
         self.full_error = None
         self.spills += 1
-        state = self.state
-        state.on_disk = store.jobs
-        for row in rows:
-            if row[2] > state.disk_newest:
-                state.disk_newest = row[2]
+        self.state.on_disk = store.jobs
         return True
 
     def _full(self, now: int) -> None:

@@ -8,8 +8,7 @@ repair). A segment comes back whole: the oldest of a queue when the queue's head
 (`take_oldest`), or when its earliest wake time (an expiry, an active job's requeue) is due
 (`take_due`). One job can come back alone, by ID (`take`): an index `ids` maps a 64-bit hash
 of each job ID to its place, segment * CHUNK + position in the segment (its bytes are found
-from `lens` in its segment, read whole and kept in a small cache: the next job asked for is
-often its neighbour, see `SEGMENT_CACHE`), and its place is
+from `lens` and read with SQLite's incremental blob I/O: only that job's), and its place is
 a hole of the segment (`holes`, in memory: the file is a cache, and a job taken alone then
 writes nothing) so the segment does not bring it back twice. A copy received again for a job
 on disk that lists the same nodes (re-replication sends each job from every holder) is known
@@ -59,7 +58,6 @@ import os
 import sqlite3
 from array import array
 from collections.abc import Collection
-from itertools import accumulate
 from typing import Any
 
 import msgpack
@@ -67,19 +65,10 @@ import msgpack
 from disque.overflow.record import job_id_of
 
 CACHE_KIB = 8192  # SQLite's page cache, KiB
-# jobs per segment at most: a segment's data is one blob on a chain of overflow pages, read
-# whole to find one job by ID (a job read alone with blob I/O: 14,800/s at 512, 33,800/s at
-# 64; writes 4% slower)
+# jobs per segment at most: a segment's data is one blob on a chain of overflow pages that a
+# read by ID walks from its start (a job read alone: 14,800/s at 512, 33,800/s at 64; writes
+# 4% slower)
 CHUNK = 64
-# segments kept in memory after a job of theirs was read by ID (`_segment`): the jobs of a
-# segment were written together and are asked for together (a queue's neighbours acked one
-# after the other, see disque.overflow.spill), so the next job asked for is found without a
-# query. The copies of a queue's jobs on another node come back in queue order, but their
-# requeue times (the spill's order) are spread by 500 ms: 8 segments were too few for the ACKs
-# of one queue at 15,000 jobs/s (read ~28 times each). At most SEGMENT_CACHE segments and
-# SEGMENT_CACHE_BYTES of their data (big bodies)
-SEGMENT_CACHE = 64
-SEGMENT_CACHE_BYTES = 4 << 20
 SWEEP_SLICES = 1024  # a sweep of stale ID entries covers 1/SWEEP_SLICES of the hash space
 SWEEP_SLACK = 10_000  # stale ID entries swept only while they outnumber the live by this
 MERGE_AT = 131072  # entries in `new` that start a merge into ids
@@ -108,9 +97,6 @@ _SCHEMA = (
 Row = tuple[bytes, bytes, int, int, bytes, int, bytes, int]
 # a segment as read back: id, count, lens (array("I") bytes), data
 Segment = tuple[int, int, bytes, bytes]
-# a segment in the cache of those read by a job's ID: count, offsets (of each job's data,
-# and its end), fps, data, job IDs
-_Cached = tuple[int, list[int], "array[int]", bytes, list[bytes]]
 
 _packb = msgpack.packb
 _unpackb = msgpack.unpackb
@@ -147,10 +133,6 @@ class OverflowStore:
         self.new: list[dict[int, int]] = [{} for _ in range(MERGE_SLICES)]
         self.fresh = 0  # entries in `new`
         self._merge = -1  # the next slice of a merge under way (-1: none)
-        # the segments read last by a job's ID (`_segment`), oldest read first
-        self._cache: dict[int, _Cached] = {}
-        self._cached_at: dict[bytes, int] = {}  # the places of their jobs, by job ID
-        self._cache_bytes = 0  # the bytes of their data
         # the segments (lowest ID, highest ID) the jobs taken last came from
         self.took: tuple[int, int] = (0, 0)
 
@@ -187,9 +169,6 @@ class OverflowStore:
         self._open(int(row[0]) if row else 0)
         self.jobs = self.bytes = self.chunks = self.stale = self.fresh = 0
         self.holes.clear()
-        self._cache.clear()
-        self._cached_at.clear()
-        self._cache_bytes = 0
         self._merge = -1
         for part in self.new:
             part.clear()
@@ -252,10 +231,6 @@ class OverflowStore:
         for i in range(0, len(entries), 2):
             h = entries[i]
             self._new_of(h)[h] = entries[i + 1]
-        cached_at = self._cached_at
-        if cached_at:  # (a job back on disk: its old place, a hole, is not where it is)
-            for r in rows:
-                cached_at.pop(r[0], None)
         self.jobs += added
         self.bytes += size
         self.written += added
@@ -313,8 +288,6 @@ class OverflowStore:
             size += sum(map(len, jobs))
             stale += len(jobs)
         gone = [row[0] for row in found]
-        for chunk in gone:
-            self._uncache(chunk)
         db.execute(f"DELETE FROM chunks WHERE id IN ({', '.join('?' * len(gone))})", gone)
         if self.holes:
             for chunk in gone:
@@ -336,88 +309,48 @@ class OverflowStore:
         """The dict of `new` for hash h (its slice of the hash space)."""
         return self.new[(h >> SLICE_SHIFT) + SLICE_BIAS]
 
-    def _segment(self, chunk: int) -> _Cached | None:
-        """A segment's job count, offsets, fingerprints, data and job IDs, from the cache of
-        the segments read last, or read (and cached); None when the segment is gone."""
-        cache = self._cache
-        seg = cache.get(chunk)
-        if seg is None:
-            row = self.db.execute("SELECT count, lens, fps, data, meta FROM chunks"
-                                  " WHERE id = ?", (chunk,)).fetchone()
+    def _entry(self, h: int) -> tuple[int, int, int, int, int, bool, int] | None:
+        """The live ID entry of hash h: segment, place, offset, length, fingerprint,
+        whether it is in `new` (looked at first), and the segment's job count; or None. An
+        entry whose segment came back whole, or whose job was taken alone (a hole), is
+        stale and skipped (the sweep removes the first kind)."""
+        at = self._new_of(h).get(h)
+        row: tuple[int, int, bytes, bytes] | None = None
+        if at is not None:
+            row = self.db.execute("SELECT ?, count, lens, fps FROM chunks WHERE id = ?",
+                                  (at, at // CHUNK)).fetchone()
+        fresh = row is not None
+        if row is None:
+            row = self.db.execute("SELECT i.at, chunks.count, chunks.lens, chunks.fps FROM"
+                                  " ids AS i, chunks WHERE i.h = ? AND chunks.id = i.at / ?",
+                                  (h, CHUNK)).fetchone()
             if row is None:
                 return None
-            lens = array("I")
-            lens.frombytes(row[1])
-            fps = array("q")
-            fps.frombytes(row[2])
-            ids = [m[0] for m in _unpackb(row[4], use_list=False)]
-            seg = (row[0], [0, *accumulate(lens)], fps, row[3], ids)
-            self._cache_bytes += len(row[3])
-            while cache and (len(cache) >= SEGMENT_CACHE
-                             or self._cache_bytes > SEGMENT_CACHE_BYTES):
-                self._uncache(next(iter(cache)))  # (the oldest read)
-            cache[chunk] = seg
-            at = chunk * CHUNK
-            cached_at = self._cached_at
-            holes = self.holes.get(chunk, ())
-            for pos, job_id in enumerate(ids):
-                if pos not in holes:  # (a job taken alone: it may be on disk elsewhere now)
-                    cached_at[job_id] = at + pos
-        return seg
-
-    def _uncache(self, chunk: int) -> None:
-        """Forget a segment of the cache (gone, or the oldest read)."""
-        seg = self._cache.pop(chunk, None)
-        if seg is not None:
-            self._cache_bytes -= len(seg[3])
-            cached_at = self._cached_at
-            for job_id in seg[4]:
-                cached_at.pop(job_id, None)
-
-    def _entry(self, job_id: bytes) -> tuple[int, int, int, bool, _Cached] | None:
-        """Where a job is: segment, place, fingerprint, whether its ID entry is in `new`,
-        and the segment; or None. Looked for among the cached segments' jobs (which never
-        name a job taken: see `take` and `put`), then in `new`, then in ids. An entry whose
-        segment came back whole, or whose job was taken alone (a hole), is stale and
-        skipped (the sweep removes the first kind)."""
-        h = hash(job_id)
-        new = self._new_of(h)
-        at = self._cached_at.get(job_id)
-        if at is not None:
-            chunk, pos = divmod(at, CHUNK)
-            seg = self._cache[chunk]
-        else:
-            at = new.get(h)
-            found = self._segment(at // CHUNK) if at is not None else None
-            if found is None:
-                row = self.db.execute("SELECT at FROM ids WHERE h = ?", (h,)).fetchone()
-                if row is None:
-                    return None
-                at = int(row[0])
-                found = self._segment(at // CHUNK)
-                if found is None:
-                    return None
-            assert at is not None
-            seg = found
-            chunk, pos = divmod(at, CHUNK)
-            holes = self.holes.get(chunk)
-            if holes is not None and pos in holes:
-                return None
-        return chunk, pos, seg[2][pos], new.get(h) == at, seg
+        at, count, lens_raw, fps_raw = row
+        chunk, pos = divmod(at, CHUNK)
+        holes = self.holes.get(chunk)
+        if holes is not None and pos in holes:
+            return None
+        lens = array("I")
+        lens.frombytes(lens_raw)
+        fps = array("q")
+        fps.frombytes(fps_raw)
+        return chunk, pos, sum(lens[:pos]), lens[pos], fps[pos], fresh, count
 
     def _find(self, job_id: bytes) -> tuple[int, int, int, bytes, bool, int] | None:
         """Where a job is (segment, place, length), its data, whether its ID entry is in
         `new`, and its segment's job count; or None."""
-        entry = self._entry(job_id)
+        entry = self._entry(hash(job_id))
         if entry is None:
             return None
-        chunk, pos, _, fresh, seg = entry
-        offs = seg[1]
-        data = seg[3][offs[pos]:offs[pos + 1]]
+        chunk, pos, off, n, _, fresh, count = entry
+        with self.db.blobopen("chunks", "data", chunk, readonly=True) as blob:
+            blob.seek(off)
+            data = blob.read(n)
         # (a hash shared with another job's)
         if job_id_of(data) != job_id:
             return None
-        return chunk, pos, len(data), data, fresh, seg[0]
+        return chunk, pos, n, data, fresh, count
 
     def get(self, job_id: bytes) -> bytes | None:
         """One job's data by ID, left on disk; None when it is not here."""
@@ -426,48 +359,32 @@ class OverflowStore:
 
     def holds(self, job_id: bytes, fp: int) -> bool:
         """Whether the job is here listing the nodes `fp` stands for (`fingerprint`)."""
-        entry = self._entry(job_id)
-        return entry is not None and entry[2] == fp
+        entry = self._entry(hash(job_id))
+        return entry is not None and entry[4] == fp
 
     def take(self, job_id: bytes) -> bytes | None:
         """Remove one job by ID; its data, or None when it is not here."""
-        h = hash(job_id)
-        at = self._cached_at.pop(job_id, None)  # (it is a hole now)
-        if at is not None:  # in a segment read last (most jobs taken)
-            chunk, pos = divmod(at, CHUNK)
-            seg = self._cache[chunk]
-            offs = seg[1]
-            data = seg[3][offs[pos]:offs[pos + 1]]
-            part = self._new_of(h)
-            fresh = part.get(h) == at
-            count = seg[0]
-        else:
-            found = self._find(job_id)
-            if found is None:
-                return None
-            chunk, pos, _, data, fresh, count = found
-            self._cached_at.pop(job_id, None)  # (its segment read and cached just now)
-            part = self._new_of(h)
-        holes = self.holes.get(chunk)
-        if holes is None:
-            holes = self.holes[chunk] = set()
+        found = self._find(job_id)
+        if found is None:
+            return None
+        chunk, pos, n, data, fresh, count = found
+        holes = self.holes.setdefault(chunk, set())
         holes.add(pos)
         if len(holes) >= count:  # its last job: the segment goes
             self.db.execute("DELETE FROM chunks WHERE id = ?", (chunk,))
-            self._uncache(chunk)
             del self.holes[chunk]
             self.chunks -= 1
+        h = hash(job_id)
         if fresh:
-            del part[h]
+            del self._new_of(h)[h]
             self.fresh -= 1
         else:
             self.stale += 1  # (its entry in ids goes with the segment's)
         self.jobs -= 1
-        self.bytes -= len(data)
+        self.bytes -= n
         self.read += 1
         self.took = (chunk, chunk)
-        if not self.jobs:
-            self._emptied()
+        self._emptied()
         return data
 
     def _segments(self, where: str, params: tuple[object, ...],

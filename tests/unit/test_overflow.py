@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -194,20 +193,6 @@ def test_a_full_store_refuses_the_whole_batch(tmp_path: Path) -> None:
     assert store.jobs == 10
 
 
-def test_a_job_back_on_disk_is_found_at_its_new_place_whatever_segment_was_read_last(
-        tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(store_module, "SEGMENT_CACHE", 1)
-    store = OverflowStore(str(tmp_path / "s.db"))
-    store.put([_row(i) for i in range(4)])
-    assert store.take(b"j1") == _row(1)[6]  # a hole in the first segment
-    store.put([_row(1)])  # back on disk, in a second segment
-    assert store.get(b"j1") == _row(1)[6]  # (the second segment read)
-    assert store.get(b"j0") == _row(0)[6]  # (the first read again, its hole in it)
-    assert store.take(b"j1") == _row(1)[6] and store.get(b"j1") is None
-    assert [store.take(b"j%d" % i) for i in (0, 2, 3)] == [_row(i)[6] for i in (0, 2, 3)]
-    assert store.jobs == 0 and store.chunks == 0
-
-
 def test_jobs_taken_one_by_one_leave_holes_until_their_segment_goes(tmp_path: Path,
                                                                     monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setattr(store_module, "MERGE_AT", 1)
@@ -355,37 +340,6 @@ def test_a_registry_of_few_shards_spills_each_active_job_once(tmp_path: Path) ->
     assert drain(sim) == [b"%06d" % i for i in range(3000)]
     assert node.on_disk == 0 and len(node.jobs) == 0
     assert all(node.lookup_job(j.id) is None for j in jobs)
-
-
-def test_active_jobs_go_latest_timer_first_and_come_back_a_segment_at_a_time(
-        tmp_path: Path) -> None:
-    # Replica copies acked in queue order on another node: in registry (hash) order a
-    # segment held 64 unrelated jobs and every ACK read one; now a segment holds neighbours
-    # in time, and the store keeps the segments it read last
-    sim = overflowing(tmp_path)
-    node = sim.node
-    fill(sim, 3000, retry=300)
-    got: list[Job] = []
-    while len(got) < 3000:  # delivered in queue order: their requeue times follow it
-        got += node.get_jobs([b"q"], 100)
-        sim.advance(10)
-    sim.advance(50)
-    store = node.overflow.store
-    assert store is not None and store.jobs > 1000
-    seq_of = {job.id: int(job.body[:6]) for job in got}  # type: ignore[index]
-    for (meta,) in store.db.execute("SELECT meta FROM chunks"):
-        seqs = [seq_of[job_id] for job_id, _, _ in msgpack.unpackb(meta)]
-        assert max(seqs) - min(seqs) < 2 * CHUNK  # (was up to the whole backlog)
-    reads = []
-    store.db.set_trace_callback(reads.append)
-    on_disk = store.jobs
-    for job in got:  # acked one at a time, in queue order
-        node.ackjob([job.id])
-    assert store.jobs == 0 and node.on_disk == 0
-    segment_reads = [q for q in reads if q.startswith("SELECT count, lens, fps, data")]
-    assert len(segment_reads) <= on_disk // (CHUNK // 2)
-    assert all(node.lookup_job(j.id) is None or node.lookup_job(j.id).state == ACKED
-               for j in got)  # type: ignore[union-attr]
 
 
 def test_active_jobs_due_back_soon_stay_in_memory(tmp_path: Path) -> None:
