@@ -42,8 +42,10 @@ def has_big_count(data: bytes) -> bool:
     holding them pays for it). What the regular expression `\\*[0-9]{7,}` would find, in
     two C passes (a translation, a substring search) instead of its per-call cost (about
     1,500 instructions for a one-request read). `find`, not `in`: bytes' `in` tries its
-    argument as an integer first, and formats the TypeError it then drops (a quarter of the
-    server's user time per PING)."""
+    argument as an integer first, and formats the TypeError it then drops (147 against 71
+    ns a call; under perf on a PING P1 load, 158 of 688 user-time samples of the server
+    were in this check with `in`, 108 of 632 with `find`: cold, each request's first pass
+    over the bytes costs more than in a loop)."""
     return data.translate(_COUNT_MAP).find(b"*0000000") >= 0
 
 
