@@ -38,6 +38,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Iterable
 from typing import Any
 
 from disque.jobs.job import Job
@@ -275,12 +276,14 @@ def run_one(seed: int, random_kill: int, crashes: int) -> None:
         run_schedule(**random_params(seed, crashes))
 
 
-def run_seed(job: tuple[int, int, int]) -> tuple[int, str | None]:
+def run_seed(job: tuple[int, int, int], trace: bool = False) -> tuple[int, str | None]:
     """One (seed, random_kill, crashes) schedule: the seed, and None if it ran clean, else
-    what it violated (a pool's worker function)."""
+    what it violated (a pool's worker function); `trace`: print the traceback too."""
     try:
         run_one(*job)
     except AssertionError as e:
+        if trace:
+            traceback.print_exc()
         return job[0], str(e)[:300]
     return job[0], None
 
@@ -312,21 +315,15 @@ def main(argv: list[str] | None = None) -> int:
     failed = []
     t0 = time.monotonic()
     pool = None
-    if args.seed is not None:  # a reproduction: in this process, with the traceback
-        try:
-            run_one(args.seed, args.random_kill, args.crashes)
-            results: Any = [(args.seed, None)]
-        except AssertionError as e:
-            traceback.print_exc()
-            results = [(args.seed, str(e)[:300])]
+    jobs = [(seed, args.random_kill, args.crashes) for seed in seeds]
+    reproduce = args.seed is not None  # one seed: in this process, with the traceback
+    procs = 1 if reproduce else args.jobs or os.cpu_count() or 1
+    results: Iterable[tuple[int, str | None]]
+    if procs > 1:  # (forked: the workers inherit OVERFLOW_DIR)
+        pool = multiprocessing.get_context("fork").Pool(procs)
+        results = pool.imap_unordered(run_seed, jobs)
     else:
-        jobs = [(seed, args.random_kill, args.crashes) for seed in seeds]
-        procs = args.jobs or os.cpu_count() or 1
-        if procs > 1:  # (forked: the workers inherit OVERFLOW_DIR)
-            pool = multiprocessing.get_context("fork").Pool(procs)
-            results = pool.imap_unordered(run_seed, jobs)
-        else:
-            results = map(run_seed, jobs)
+        results = (run_seed(job, reproduce) for job in jobs)
     for k, (seed, error) in enumerate(results, 1):
         if error is not None:
             failed.append(seed)
