@@ -386,35 +386,50 @@ class Node(NodeState):
         if needed:
             return self._add_replicated(job, linked, needed, external, async_, now,
                                         timeout_ms)
+        job.state = ACTIVE  # state: WAIT_REPL -> ACTIVE
+        if (not delay and q is not None and q.spilled and not q.waiters and not self.needers
+                and self.mem_used > self.spill_at - (self.spill_at >> 6)
+                and self.persist is None and self.overflow.takes_fresh(now)):
+            # The queue has jobs on disk and memory is at the spill's target: this job, the
+            # newest, would be spilled behind them. It goes straight to disk with the next
+            # write instead (disque.overflow's `add_fresh`), never entering the registry,
+            # the queue's list nor the timer wheel, to leave them at once.
+            self._queued_now(job, q, now, retry)
+            self.overflow.add_fresh(job, q)
+            return job
         # register(), inlined: this is the hot path of ADDJOB
         self.jshards[hash(job_id) & self.jmask][job_id] = job
         self.jobs.size += 1
         self.mem_used += JOB_MEMORY + len(body)
-        job.state = ACTIVE  # state: WAIT_REPL -> ACTIVE
         if delay:
             job.qtime = now + delay * 1000
             self.schedule_job(job)
         elif q is not None and not q.waiters and not self.needers:
             # enqueue() of a brand-new job into an existing queue nobody waits on, inlined
-            job.state = QUEUED  # state: ACTIVE -> QUEUED
-            job.flags = F_BCAST_QUEUED
+            self._queued_now(job, q, now, retry)
             q.jobs.add(job)
-            q.jobs_in += 1
-            q.added += 1
-            q.atime = now
-            if retry:
-                job.qtime = (now + retry * 1000 + int(self.random() * 2 * REQUEUE_JITTER)
-                             - REQUEUE_JITTER)
-                self.wheel.schedule(job, job.qtime if job.qtime < job.etime else job.etime)
-            else:
-                job.qtime = 0
-                self.wheel.schedule(job, job.etime)
+            self.wheel.schedule(job, job.qtime if job.qtime and job.qtime < job.etime
+                                else job.etime)
         else:
             job.qtime = now  # due: the first queueing below
             self.enqueue(job, now)
         if self.persist is not None:
             self.persist.addjob(job)
         return job
+
+    def _queued_now(self, job: Job, q: Queue, now: int, retry: int) -> None:
+        """A brand-new job queued at once in `q` (enqueue()'s fields, its requeue time
+        jittered); the caller puts it in the queue's list or on disk."""
+        job.state = QUEUED  # state: ACTIVE -> QUEUED
+        job.flags = F_BCAST_QUEUED
+        q.jobs_in += 1
+        q.added += 1
+        q.atime = now
+        if retry:
+            job.qtime = (now + retry * 1000 + int(self.random() * 2 * REQUEUE_JITTER)
+                         - REQUEUE_JITTER)
+        else:
+            job.qtime = 0
 
     def _add_replicated(self, job: Job, linked: tuple[bytes, ...], needed: int,
                         external: bool, async_: bool, now: int, timeout_ms: int) -> Job:

@@ -9,7 +9,12 @@ each queue stay: they are what GETJOB serves next); then ACTIVE jobs (copies hel
 nodes, jobs delivered and waiting for their ACK or requeue, delayed jobs), but not one a
 synchronous ADDJOB still waits on (`pinned`), nor one whose timer wants it back within
 ACTIVE_MIN_AWAY ms (a short RETRY: it would be read back before it saved anything). Jobs
-waiting for their copies and acked jobs stay in memory. A spilled job leaves the registry,
+waiting for their copies and acked jobs stay in memory. And a new job queued at once in a
+queue that has jobs on disk, while memory is at the spill's target (without AOF), goes
+straight to disk (`add_fresh`): it would be the next one spilled, so it skips the registry,
+the queue's list and the timer wheel it would leave again (a lone node producing into a
+backlog spent as long spilling each job as adding it). Such jobs are written together, by
+the next tick or before anything reads the disk. A spilled job leaves the registry,
 its queue's in-memory list and the timer wheel; a queued one's queue counts it
 (`Queue.spilled`) and remembers a lower bound of the ctime of its oldest job on disk
 (`Queue.disk_first`).
@@ -95,12 +100,15 @@ class Overflow:
         self._jcursor = 0  # registry shard the next spill of active jobs starts from
         self._last_expire = 0
         self._timer = Timer(self.tick)
+        # new jobs on their way straight to disk (`add_fresh`), written together
+        self.fresh: list[Job] = []
 
     # ------------------------------------------------------------------ settings
     def enable(self, path: str, threshold: int, max_bytes: int) -> None:
         """Open (or keep) the store at `path`; jobs go to disk from the next tick."""
         self.threshold = threshold
         self.max_bytes = max_bytes
+        self.write_fresh()
         if self.store is not None and self.store.path != path and not self.store.jobs:
             self.store.close()
             self.store = None
@@ -119,6 +127,7 @@ class Overflow:
         """Stop spilling; what is on disk comes back as it is asked for, and the store
         closes once empty (at once when nothing is on it)."""
         self.state.spill_at = 1 << 62
+        self.write_fresh()
         if self.store is not None and not self.store.jobs:
             self.store.close()
             self.store = None
@@ -133,6 +142,7 @@ class Overflow:
         state = self.state
         if store is None:
             return
+        self.write_fresh()
         if state.mem_used > state.spill_at and now >= self.full_until:
             self.spill(now)
         store.merge_step()
@@ -144,7 +154,7 @@ class Overflow:
             store.close()  # turned off and drained
             self.store = None
             return
-        busy = store.jobs or state.mem_used > state.spill_at
+        busy = bool(store.jobs) or bool(self.fresh) or state.mem_used > state.spill_at
         state.wheel.schedule(self._timer, now + (SPILL_PERIOD if busy else IDLE_PERIOD))
 
     # ------------------------------------------------------------------ to disk
@@ -198,21 +208,14 @@ class Overflow:
     def spill_if_needed(self) -> None:
         """Spill now if memory is over the threshold (the AOF loader, between steps)."""
         if self.store is not None and self.state.mem_used > self.state.spill_at:
+            self.write_fresh()
             now = self.state.clock()
             if now >= self.full_until:
                 self.spill(now)
 
     def _spill_queue(self, q: Queue, k: int, now: int) -> int:
         jobs = q.jobs.pop_newest(k)
-        rows: list[Row] = []
-        for job in jobs:
-            queue = job.queue
-            assert queue is not None  # (queued jobs have one)
-            # a queued job wakes only to expire: its requeue time is pushed forward when
-            # it is back (a queued job's timer does nothing else)
-            rows.append((job.id, queue, job.ctime, job.etime, b"".join(job.delivered),
-                         _copyable(job), pack_job(job), _fingerprint(job)))
-        if not self._put(rows, now):
+        if not self._put(_queued_rows(jobs), now):
             for job in jobs:
                 q.jobs.add(job)
             return -1
@@ -267,7 +270,7 @@ class Overflow:
             return False
         self.full_error = None
         self.spills += 1
-        self.state.on_disk = store.jobs
+        self.state.on_disk = store.jobs + len(self.fresh)
         return True
 
     def _full(self, now: int) -> None:
@@ -290,6 +293,50 @@ class Overflow:
             state.mem_used -= JOB_MEMORY + len(job.body or b"")
             wheel.cancel(job)
             self.moved(job)
+
+    # ------------------------------------------------------------------ straight to disk
+    def takes_fresh(self, now: int) -> bool:
+        """Whether a new job may go straight to disk (`add_fresh`): the store is open and
+        not refusing writes."""
+        return self.store is not None and now >= self.full_until
+
+    def add_fresh(self, job: Job, q: Queue) -> None:
+        """A new job queued in `q` while `q` has jobs on disk and memory is at the spill's
+        target (Node.add_job; not with AOF): it joins them on disk, with the next write
+        (`write_fresh`: the next tick, SPILL_BATCH of them, or whatever reads the disk
+        first), instead of entering memory only for the next spill to move it there. It is
+        counted on disk from now on (`Queue.spilled`, `on_disk`), so a lookup by ID, GETJOB
+        and every walk of the disk write it first and find it there."""
+        self.fresh.append(job)
+        first = q.disk_first
+        if not first or job.ctime < first:
+            q.disk_first = job.ctime
+        q.spilled += 1
+        self.state.on_disk += 1
+        if len(self.fresh) >= SPILL_BATCH:
+            self.write_fresh()
+
+    def write_fresh(self) -> None:
+        """Write the jobs `add_fresh` holds, in one transaction. Refused (a full disk, the
+        size cap), they go to memory, where they would have gone without overflow."""
+        jobs = self.fresh
+        if not jobs:
+            return
+        self.fresh = []
+        state = self.state
+        if self._put(_queued_rows(jobs), 0):
+            return
+        self._full(state.clock())
+        for job in jobs:
+            queue = job.queue
+            assert queue is not None
+            q = state.create_queue(queue)
+            state.register(job)
+            state.schedule_job(job)
+            q.jobs.add(job)
+            q.spilled = max(0, q.spilled - 1)
+        store = self.store
+        state.on_disk = store.jobs if store is not None else 0
 
     # ------------------------------------------------------------------ back to memory
     def _restore(self, job: Job) -> None:
@@ -326,17 +373,20 @@ class Overflow:
     def holds(self, job_id: bytes, delivered: tuple[bytes, ...]) -> bool:
         """Whether the job is on disk listing the nodes of `delivered`, no more and no
         less: a copy received again that lists them merges to nothing (no read)."""
+        self.write_fresh()
         store = self.store
         return store is not None and store.holds(job_id, fingerprint(delivered))
 
     def get(self, job_id: bytes) -> Job | None:
         """A copy of the job read from disk, left there (not registered: to send it)."""
+        self.write_fresh()
         store = self.store
         data = store.get(job_id) if store is not None else None
         return unpack_job(data) if data is not None else None
 
     def fault_in(self, job_id: bytes) -> Job | None:
         """The job with this ID back from disk, or None if it is not there."""
+        self.write_fresh()
         store = self.store
         if store is None:
             return None
@@ -352,6 +402,7 @@ class Overflow:
     def refill(self, q: Queue) -> None:
         """Before a job is taken from `q`: if its oldest job may be on disk, bring back the
         REFILL oldest (see the module docstring)."""
+        self.write_fresh()
         store = self.store
         if store is None:
             q.spilled = 0  # (the store is gone)
@@ -372,6 +423,7 @@ class Overflow:
     def wake_due(self, now: int) -> None:
         """Jobs on disk whose timer is due (an expiry; an active job's requeue) come back;
         the wheel does the rest."""
+        self.write_fresh()
         store = self.store
         assert store is not None
         for data in store.take_due(now, EXPIRE_BATCH):
@@ -381,6 +433,7 @@ class Overflow:
     def peek(self, q: Queue, n: int, newest: bool) -> list[Job]:
         """QPEEK across the boundary: the n oldest (newest) jobs of `q`, in memory or on
         disk (those on disk as read-only copies)."""
+        self.write_fresh()
         mem = q.jobs.newest(n) if newest else q.jobs.oldest(n)
         if not q.spilled or self.store is None:
             return mem
@@ -390,6 +443,7 @@ class Overflow:
 
     def scan(self, after: int, count: int) -> tuple[int, list[Job]]:
         """JSCAN's walk of the store: (the rowid to go on after, 0 at the end; jobs)."""
+        self.write_fresh()
         if self.store is None:
             return 0, []
         nxt, datas = self.store.scan(after, count)
@@ -400,6 +454,7 @@ class Overflow:
         """The walks of re-replication and repair over the disk: the copyable jobs (ID,
         listed nodes' IDs concatenated) listing any of `nodes` among `count` jobs past
         segment `after`, up to segment `end` (the store's scan_listing)."""
+        self.write_fresh()
         if self.store is None:
             return 0, []
         return self.store.scan_listing(after, count, nodes, end)
@@ -407,15 +462,18 @@ class Overflow:
     def last_segment(self) -> int:
         """The newest segment now: a walk over the disk stops there, since a job it brings
         back and that goes to disk again lands past it (else the walk would never end)."""
+        self.write_fresh()
         return self.store.last_chunk if self.store is not None else 0
 
     def drop_all(self) -> None:
         """DEBUG FLUSHALL, CLUSTER RESET: forget every job on disk."""
+        self.write_fresh()
         if self.store is not None:
             self.store.drop_all()
         self.state.on_disk = 0
 
     def info_fields(self) -> list[tuple[str, object]]:
+        self.write_fresh()
         store = self.store
         if store is None:
             status = "off"
@@ -434,6 +492,18 @@ class Overflow:
 
 def _ctime(job: Job) -> int:
     return job.ctime
+
+
+def _queued_rows(jobs: list[Job]) -> list[Row]:
+    """The store's rows of queued jobs. A queued job wakes only to expire: its requeue
+    time is pushed forward when it is back (a queued job's timer does nothing else)."""
+    rows: list[Row] = []
+    for job in jobs:
+        queue = job.queue
+        assert queue is not None  # (queued jobs have one)
+        rows.append((job.id, queue, job.ctime, job.etime, b"".join(job.delivered),
+                     _copyable(job), pack_job(job), _fingerprint(job)))
+    return rows
 
 
 def _copyable(job: Job) -> int:

@@ -3,6 +3,7 @@ queue order; a lone node on a fake clock (tests/unit/test_node.py's Sim), no soc
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -293,6 +294,129 @@ def test_a_job_on_disk_answers_by_id_as_if_in_memory(tmp_path: Path) -> None:
             break
         got += [j.id for j in batch]
     assert len(got) == len(set(got)) == 2997 and set(got) == served
+
+
+def test_new_jobs_behind_jobs_on_disk_go_straight_there(tmp_path: Path) -> None:
+    """Past the spill's target, a new job of a queue with jobs on disk never enters memory
+    (`Overflow.add_fresh`): it is counted on disk at once, found by ID, peeked, served in
+    order, and written with the next tick."""
+    sim = overflowing(tmp_path)
+    node = sim.node
+    fill(sim, 3000)
+    q = node.lookup_queue(b"q")
+    assert q is not None and q.spilled > 1000
+    registered, mem, spilled = len(node.jobs), node.mem_used, q.spilled
+    fresh = [sim.add(b"q", b"%06d" % (3000 + i) + BODY) for i in range(300)]
+    assert node.overflow.fresh == fresh  # not written yet: same loop iteration
+    assert len(node.jobs) == registered and node.mem_used == mem  # never in memory
+    assert q.spilled == spilled + 300 and len(q) == 3300
+    assert all(node.jobs.get(j.id) is None for j in fresh)
+    # a lookup by ID writes them first and finds the job on disk
+    back = node.lookup_job(fresh[10].id)
+    assert back is not None and back is not fresh[10] and back.state == QUEUED
+    assert back.body == fresh[10].body and back.qtime == fresh[10].qtime
+    assert back.etime == fresh[10].etime and node.overflow.fresh == []
+    more = [sim.add(b"q", b"%06d" % (3300 + i) + BODY) for i in range(200)]
+    assert len(node.overflow.fresh) == 200
+    assert [j.body for j in node.overflow.peek(q, 1, True)] == [more[-1].body]  # QPEEK -1
+    sim.advance(20)  # the overflow tick writes them
+    assert node.overflow.fresh == [] and node.on_disk == node.overflow.store.jobs  # type: ignore[union-attr]
+    assert drain(sim) == [b"%06d" % i for i in range(3500)]
+    assert node.on_disk == 0 and len(node.jobs) == 0 and q.spilled == 0
+
+
+def test_new_jobs_refused_by_a_full_disk_stay_in_memory(tmp_path: Path) -> None:
+    """A write of jobs on their way straight to disk that the store refuses puts them in
+    memory, in order, as if overflow were off; none is lost."""
+    sim = overflowing(tmp_path)
+    node = sim.node
+    fill(sim, 3000)
+    q = node.lookup_queue(b"q")
+    assert q is not None and q.spilled > 1000
+    fresh = [sim.add(b"q", b"%06d" % (3000 + i) + BODY) for i in range(300)]
+    assert node.overflow.fresh == fresh
+    store = node.overflow.store
+    assert store is not None
+    store.set_max_bytes(store.file_bytes())  # the disk is full now
+    sim.advance(20)
+    assert node.overflow.full_error is not None and node.overflow.fresh == []
+    assert all(node.jobs.get(j.id) is j for j in fresh)  # in memory, as they were
+    assert len(q) == 3300 and not node.overflow.takes_fresh(sim.now)
+    store.set_max_bytes(0)
+    assert drain(sim) == [b"%06d" % i for i in range(3300)]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_commands_across_the_boundary_match_a_model(tmp_path: Path, seed: int) -> None:
+    """Random ADDJOB, GETJOB, ACKJOB, NACK, DEQUEUE, lookups by ID and time steps on a node
+    that overflows early (a few jobs kept per queue, so jobs cross to disk and back, and new
+    ones go straight there): every queue serves its jobs oldest first, and every job is
+    found by ID exactly while the model holds it, whichever side it is on."""
+    rng = random.Random(seed)
+    sim = overflowing(tmp_path / str(seed), maxmemory=1 << 20, threshold=20)
+    node = sim.node
+    node.overflow.keep = 8
+    names = [b"qa", b"qb"]
+    queued: dict[bytes, dict[bytes, int]] = {n: {} for n in names}  # queue -> id -> ctime
+    active: dict[bytes, bytes] = {}  # id -> queue
+    known: list[bytes] = []
+    seq = 0
+    for _ in range(1500):
+        op = rng.random()
+        if op < 0.45:
+            name = rng.choice(names)
+            job = sim.add(name, b"%06d" % seq + BODY)
+            seq += 1
+            queued[name][job.id] = job.ctime
+            known.append(job.id)
+        elif op < 0.6:
+            qs = rng.sample(names, rng.randint(1, 2))
+            got = node.get_jobs(qs, rng.randint(1, 6))
+            for job in got:
+                assert job.queue is not None
+                expect = min(queued[job.queue].items(), key=lambda kv: kv[1])[0]
+                assert job.id == expect
+                del queued[job.queue][job.id]
+                active[job.id] = job.queue
+        elif op < 0.72 and active:
+            job_id = rng.choice(list(active))
+            if rng.random() < 0.5:
+                assert node.ackjob([job_id]) == 1
+                del active[job_id]
+            else:  # NACK: back in its queue, at its place by ctime
+                assert node.enqueue_jobs([job_id], nack=True) == 1
+                back = node.lookup_job(job_id)
+                assert back is not None and back.queue is not None
+                queued[back.queue][job_id] = back.ctime
+                del active[job_id]
+        elif op < 0.76:
+            name = rng.choice(names)
+            if queued[name]:
+                job_id = rng.choice(list(queued[name]))
+                assert node.dequeue_jobs([job_id]) == 1
+                del queued[name][job_id]
+                active[job_id] = name
+        elif op < 0.88 and known:
+            job_id = rng.choice(known)
+            found = node.lookup_job(job_id)
+            held = job_id in active or any(job_id in queued[n] for n in names)
+            assert (found is not None) == held
+            if found is not None:
+                assert found.state == (ACTIVE if job_id in active else QUEUED)
+        else:
+            sim.advance(rng.randint(0, 25))
+        for name in names:
+            q = node.lookup_queue(name)
+            assert (len(q) if q is not None else 0) == len(queued[name])
+    store = node.overflow.store
+    assert store is not None and store.written and store.read  # jobs crossed both ways
+    for name in names:  # the rest comes out in order
+        while queued[name]:
+            [job] = node.get_jobs([name], 1)
+            expect = min(queued[name].items(), key=lambda kv: kv[1])[0]
+            assert job.id == expect
+            del queued[name][job.id]
+        assert node.get_jobs([name], 1) == []
 
 
 def test_jobs_on_disk_expire(tmp_path: Path) -> None:
