@@ -107,8 +107,13 @@ def test_data_source_batch_write_puts_every_row_in_the_queues_exactly_once(
      .option("replicate", "2").mode("append").save())
     assert qlen_sum(clients, "ds") == N
     [probe] = clients[0].qpeek("ds", 1) or clients[1].qpeek("ds", 1) or clients[2].qpeek("ds", 1)
-    assert len(next(c for c in clients if c.show(probe.id))
-               .show(probe.id)["nodes-delivered"]) == 2  # type: ignore[index]
+    shown = next(c for c in clients if c.show(probe.id)).show(probe.id)
+    # the writer's REPLICATE 2 reached the node (3 would be the default on 3 nodes); the
+    # copies listed can be 3 all the same: a sync ADDJOB whose GOTJOB is slower than the
+    # 50 ms retry tick takes one more node, as the original does (a CI run with Spark's
+    # JVM on the 2 CPUs listed 3)
+    assert shown["repl"] == 2  # type: ignore[index]
+    assert len(shown["nodes-delivered"]) >= 2  # type: ignore[index]
     assert Counter(drain(clients, "ds")) == expected(N)
 
 
