@@ -388,7 +388,6 @@ class Node(NodeState):
                                         timeout_ms)
         job.state = ACTIVE  # state: WAIT_REPL -> ACTIVE
         if (not delay and q is not None and q.spilled and not q.waiters and not self.needers
-                and self.mem_used > self.spill_at - (self.spill_at >> 6)
                 and self.persist is None and self.overflow.takes_fresh(now)):
             # The queue has jobs on disk and memory is at the spill's target: this job, the
             # newest, would be spilled behind them. It goes straight to disk with the next

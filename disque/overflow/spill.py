@@ -163,7 +163,7 @@ class Overflow:
         under the threshold (a little at a time: each transaction holds up the loop); the
         number moved."""
         state = self.state
-        target = state.spill_at - state.spill_at // 64
+        target = self._target()
         queues = state.queues
         n = queues.shard_count()
         candidates: list[Queue] = []
@@ -215,7 +215,7 @@ class Overflow:
 
     def _spill_queue(self, q: Queue, k: int, now: int) -> int:
         jobs = q.jobs.pop_newest(k)
-        if not self._put(_queued_rows(jobs), now):
+        if not self._put(_queued_rows(jobs)):
             for job in jobs:
                 q.jobs.add(job)
             return -1
@@ -255,12 +255,12 @@ class Overflow:
                 break
         if not jobs:
             return 0
-        if not self._put(rows, now):
+        if not self._put(rows):
             return -1
         self._forget(jobs)
         return len(jobs)
 
-    def _put(self, rows: list[Row], now: int) -> bool:
+    def _put(self, rows: list[Row]) -> bool:
         store = self.store
         assert store is not None
         try:
@@ -295,10 +295,16 @@ class Overflow:
             self.moved(job)
 
     # ------------------------------------------------------------------ straight to disk
+    def _target(self) -> int:
+        """The memory a spill brings the node down to: 1/64 under the threshold."""
+        spill_at = self.state.spill_at
+        return spill_at - spill_at // 64
+
     def takes_fresh(self, now: int) -> bool:
-        """Whether a new job may go straight to disk (`add_fresh`): the store is open and
-        not refusing writes."""
-        return self.store is not None and now >= self.full_until
+        """Whether a new job of a queue with jobs on disk goes straight there (`add_fresh`):
+        memory is at the spill's target, and the store is open and not refusing writes."""
+        return (self.store is not None and now >= self.full_until
+                and self.state.mem_used > self._target())
 
     def add_fresh(self, job: Job, q: Queue) -> None:
         """A new job queued in `q` while `q` has jobs on disk and memory is at the spill's
@@ -323,18 +329,17 @@ class Overflow:
         if not jobs:
             return
         self.fresh = []
-        state = self.state
-        if self._put(_queued_rows(jobs), 0):
+        if self._put(_queued_rows(jobs)):
             return
+        state = self.state
         self._full(state.clock())
+        by_queue: dict[bytes, list[Job]] = {}
         for job in jobs:
             queue = job.queue
-            assert queue is not None
-            q = state.create_queue(queue)
-            state.register(job)
-            state.schedule_job(job)
-            q.jobs.add(job)
-            q.spilled = max(0, q.spilled - 1)
+            assert queue is not None  # (queued jobs have one)
+            by_queue.setdefault(queue, []).append(job)
+        for queue, group in by_queue.items():  # (each in ctime order: as they were added)
+            self._requeue(group, state.create_queue(queue))
         store = self.store
         state.on_disk = store.jobs if store is not None else 0
 
@@ -352,8 +357,9 @@ class Overflow:
         self.moved(job)
 
     def _requeue(self, jobs: list[Job], q: Queue) -> None:
-        """Queued jobs back from disk, sorted by ctime, into the registry and their queue
-        `q` (at its head, in one go, when they are older than every job in it)."""
+        """Queued jobs back from disk (or refused by it: `write_fresh`), sorted by ctime,
+        into the registry and their queue `q` (at its head, in one go, when they are older
+        than every job in it)."""
         state = self.state
         for job in jobs:
             state.register(job)
