@@ -166,15 +166,15 @@ class JobReplication:
     def __init__(self, state: NodeState, copy_confirmed: Callable[[bytes, bytes], None],
                  reload_confirmed: Callable[[bytes], None],
                  copy_again: Callable[[bytes, Job, int], None],
-                 copies_held: Callable[[bytes, list[bytes]], None]) -> None:
+                 copies_held: Callable[[bytes, list[bytes], int], None]) -> None:
         self.state = state
         self.copy_confirmed = copy_confirmed  # a GOTJOB answering no ADDJOB
         self.reload_confirmed = reload_confirmed  # a reloaded copy proved alive
         # (target, job, now): the job to a node that may not hold it, until its GOTJOB
         # (re-replication's copies: disque.cluster.rereplication)
         self.copy_again = copy_again
-        # (sender, job IDs): the copies a REPLJOB left here, which may list a restarted
-        # node (re-replication looks at them again)
+        # (sender, job IDs, their oldest ctime): the copies a REPLJOB left here, which may
+        # list a restarted node (re-replication looks at them again)
         self.copies_held = copies_held
         self.replicating: dict[bytes, Replication] = {}  # sync ADDJOBs waiting for GOTJOB
         self.repl_timer: ReplTimer | None = None  # the newest replications' timer
@@ -184,6 +184,7 @@ class JobReplication:
         # the copies `hold_copies` held of jobs created before this node started, for
         # `tell_holders` (emptied after each REPLJOB)
         self.older: list[Job] = []
+        self.oldest_held = 0  # the oldest ctime of the last `hold_copies` (its records')
 
     def start_replication(self, job: Job, targets: Sequence[bytes], external: bool,
                           async_: bool, now: int) -> None:
@@ -439,7 +440,7 @@ class JobReplication:
         older = self.older
         held = self.hold_copies(recs, st.clock())
         if held:
-            self.copies_held(sender, held)
+            self.copies_held(sender, held, self.oldest_held)
             if not noreply:
                 st.send(sender, _gotjob(st.header(), held))
                 if older:
@@ -493,9 +494,12 @@ class JobReplication:
         mem = 0
         started = st.start_ctime
         older = self.older
+        oldest = 1 << 62
         for rec in recs:
             job_id, queue, body, repl, ttl_ms, ctime, delay, retry, nacks, deliv, \
                 rec_delivered, dl = rec
+            if ctime < oldest:
+                oldest = ctime
             if queue != last_queue:
                 last_queue = queue
                 q = st.lookup_queue(queue)
@@ -561,6 +565,7 @@ class JobReplication:
         if added:
             st.jobs.size += added
             st.mem_used += mem
+        self.oldest_held = oldest
         return held
 
     def on_gotjob(self, sender: bytes, msg: GotJob) -> None:

@@ -164,7 +164,7 @@ class Rereplication:
 
     __slots__ = ("node", "rate", "seen", "cursors", "inflight", "rereplicated", "unlisted",
                  "since", "recent", "rechecks", "rechecked", "disk_ends", "copied", "timer",
-                 "tokens", "last_step", "left", "progress")
+                 "tokens", "last_step", "left", "progress", "recent_before")
 
     def __init__(self, node: NodeState, rate: int = DEFAULT_RATE) -> None:
         self.node = node
@@ -187,6 +187,8 @@ class Rereplication:
         # restarted node -> (ms its restart was noticed, ctime before which its listings
         # may be stale)
         self.recent: dict[bytes, tuple[int, int]] = {}
+        # the latest of those ctimes: a copy created since is rechecked for none of them
+        self.recent_before = 0
         # (restarted node, job ID): copies received listing a node restarted lately, to
         # look at again (in the order received; a dict: each once)
         self.rechecks: dict[tuple[bytes, bytes], None] = {}
@@ -230,6 +232,7 @@ class Rereplication:
             for node_id, (at, _) in list(self.recent.items()):
                 if now - at >= RECHECK_MS:
                     del self.recent[node_id]
+            self.recent_before = max((b for _, b in self.recent.values()), default=0)
         if not self.rate:
             return
         if self.inflight or self.rechecks or self.left:
@@ -284,13 +287,16 @@ class Rereplication:
         for key in [k for k in self.rechecks if k[0] == node_id]:
             del self.rechecks[key]  # the walk from the start looks at them all
 
-    def copies_held(self, sender: bytes, job_ids: list[bytes]) -> None:
+    def copies_held(self, sender: bytes, job_ids: list[bytes], oldest: int) -> None:
         """Copies this node took or merged from `sender`'s REPLJOB: those that list a node
         restarted less than RECHECK_MS ago (not the sender), were created before its
         restart and are not ahead of our walk for it are looked at again (`_recheck`: the
-        sender's list may be stale)."""
+        sender's list may be stale). `oldest`: no copy of the REPLJOB was created before
+        this ctime, so a REPLJOB of jobs created since every restart noticed is not
+        looked at job by job (the usual case: new jobs; and for RECHECK_MS after any
+        restart, or after a cluster forms, every REPLJOB came here)."""
         recent = self.recent
-        if not recent:
+        if not recent or oldest >= self.recent_before:
             return
         lookup = self.node.lookup_job
         cursors = self.cursors

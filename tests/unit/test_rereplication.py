@@ -358,8 +358,15 @@ def test_a_copy_received_after_the_walk_listing_the_restarted_node_is_looked_at_
     for _ in range(SKEW_MS // 100 + 1):
         r.cron()
     new = r.copy(delivered=(A, B, ME))
-    r.node.rereplication.copies_held(B, [new])
+    r.node.rereplication.copies_held(B, [new], 0)  # (0: looked at job by job)
     assert r.info()["rereplication_rechecks"] == 0
+    # a REPLJOB of such jobs only is not looked at job by job (its oldest ctime is past
+    # every restart's bound); one with an older job is
+    rr = r.node.rereplication
+    assert rr.recent_before == rr.recent[A][1]
+    fresh = job_record(r.node.lookup_job(new), r.now)
+    r.node.on_message(B, ReplJob(Header(B, b"", 7711, 17711, 0), fresh, False))
+    assert r.node.replication.oldest_held == fresh.ctime >= rr.recent_before
     at, _ = r.node.rereplication.recent[A]
     while A in r.node.rereplication.recent:
         r.cron()
