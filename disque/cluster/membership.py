@@ -508,7 +508,12 @@ class Membership:
                     return
                 ip = h.ip or peer_ip
                 bits = h.flags & LEAVING if ip and h.bus_port else NOADDR
-                sender = ClusterNode(sender_id, ip, h.port, h.bus_port, bits, ctime=now)
+                # Our link back opens with a MEET too: if the sender's handshake with us
+                # timed out before our PONG reached it (a loaded machine; a short
+                # cluster-node-timeout), it forgot us, and a PING would not make it add us
+                # again (a fresh 3-node cluster never formed so: the node met knew both
+                # others, and neither knew it)
+                sender = ClusterNode(sender_id, ip, h.port, h.bus_port, bits | MEET, ctime=now)
                 self.table[sender_id] = sender
                 self._changed()
                 self._log("node.added", node=_sid(sender_id), ip=ip.decode(), port=h.port,

@@ -165,6 +165,11 @@ def test_info_cluster_section_counts_nodes_and_bus_messages(shared_cluster):
     for key in ("bus_messages_sent", "bus_messages_received", "bus_bytes_sent",
                 "bus_bytes_received"):
         assert int(info[key]) > 0, key
+    # (a row per message type seen: the links of a fresh cluster open with MEETs, and the
+    # PINGs of the cron follow within half a node timeout)
+    wait_for(lambda: all(k in parse_fields(cmd(c[0], "INFO", "cluster"))
+                         for k in ("bus_ping", "bus_pong")), timeout=10)
+    info = parse_fields(cmd(c[0], "INFO", "cluster"))
     for name in ("bus_ping", "bus_pong"):
         assert re.fullmatch(r"sent=\d+,sent_bytes=\d+,received=\d+,received_bytes=\d+",
                             info[name]), info[name]

@@ -10,6 +10,7 @@ import pytest
 from disque.cluster.effects import gossip_entries
 from disque.cluster.membership import (
     BLACKLIST_TTL,
+    MIN_HANDSHAKE_TIMEOUT,
     SAVE_CONFIG,
     CloseLink,
     Connect,
@@ -33,6 +34,7 @@ from disque.cluster.nodes import (
     FAIL,
     HANDSHAKE,
     LEAVING,
+    MYSELF,
     NOADDR,
     PFAIL,
     ClusterNode,
@@ -219,7 +221,7 @@ def test_a_link_for_a_stale_connect_token_is_closed() -> None:
 
 
 # ---------------------------------------------------------------------------- receiving
-def test_a_meet_from_an_unknown_node_adds_it_answers_pong_and_connects_back() -> None:
+def test_a_meet_from_an_unknown_node_adds_it_answers_pong_and_meets_it_back() -> None:
     m, clock = make()
     inbound = Link("in")
     m.link_accepted(inbound, b"10.0.0.1")
@@ -234,8 +236,33 @@ def test_a_meet_from_an_unknown_node_adds_it_answers_pong_and_connects_back() ->
     assert (connect.node_id, connect.ip, connect.bus_port) == (A, b"10.0.0.2", 17799)
     assert SAVE_CONFIG in effects
     assert m.my_ip == b"10.0.0.1"  # learned from the local address of the MEET's link
+    # the link back opens with a MEET, not a PING: the sender's handshake with us may have
+    # timed out meanwhile (it forgot us), and a PING from a node it does not know would
+    # not make it add us (a fresh cluster stayed unformed so in CI)
     m.link_connected(Link("out"), connect.token)
-    assert isinstance(sends(m.drain())[0].msg, Ping)
+    assert isinstance(sends(m.drain())[0].msg, Meet)
+
+
+def test_a_node_whose_handshake_timed_out_learns_of_the_node_that_took_its_meet() -> None:
+    # Node B met A (us), and B's handshake timed out before A's PONG reached it: B forgot
+    # A. A's link back to B must make B add A: a MEET does, a PING did not.
+    a, _ = make()
+    clock_b = Clock()
+    b = Membership(B, 7712, clock=clock_b, rng=random.Random(2), node_timeout=1000)
+    b.meet(b"10.0.0.1", 7711)
+    (connect,) = of(b.drain(), Connect)
+    b.link_connected(Link("b-out"), connect.token)
+    (meet,) = sends(b.drain(), Meet)
+    clock_b.now += MIN_HANDSHAKE_TIMEOUT + 100
+    b.tick()
+    assert [n for n in b.nodes() if not n.bits & MYSELF] == []  # timed out: A forgotten
+    a.link_message(Link("a-in"), meet.msg, b"10.0.0.3")  # A takes B's MEET (late)
+    (back,) = of(a.drain(), Connect)
+    a.link_connected(Link("a-out"), back.token)
+    (first,) = sends(a.drain())
+    b.link_message(Link("b-in"), first.msg, b"10.0.0.1")
+    known = b.get(ME)
+    assert known is not None and not known.bits & HANDSHAKE
 
 
 def test_an_announced_ip_in_the_header_wins_over_the_peer_address() -> None:
