@@ -76,6 +76,11 @@ until it has REPLICATE reachable copies again:
 - at most `repair-rate` copies per second (0: off); a copy not
   confirmed within CONFIRM_MS is sent again while its target stays linked, at most
   MAX_ATTEMPTS times (then the target leaves the job's list here); both as re-replication.
+  Such a copy is not counted meanwhile, and a job one crash from lost whose new copies all
+  wait that long gets one on another node too, from the urgent walk that its resend starts
+  (a node above its memory limit refuses copies without a word: the simulation's random
+  kills at five times the load, seed 60024, lost jobs whose one new copy went, five times
+  over 5 s, to such a node while their last holder crashed);
 
 INFO (jobs section): `underreplicated_jobs` (jobs held here that the last walk found with
 fewer reachable copies than REPLICATE and did not repair from here, plus the repairs waiting
@@ -90,6 +95,7 @@ from typing import Final
 from disque.cluster.messages import ReplJob
 from disque.cluster.nodes import HANDSHAKE, LEAVING, MYSELF
 from disque.cluster.records import (
+    CONFIRM_MS,
     CRON_PER_SECOND,
     MAX_ATTEMPTS,
     STEP_MS,
@@ -143,7 +149,7 @@ class Repair:
     __slots__ = ("node", "rate", "grace", "down", "stale_seen", "linked_seen", "view",
                  "cursor", "urgent", "urgent_again", "again", "timer", "tokens", "last_step", "inflight", "pending",
                  "deferred", "deferred_seen", "rewalk_at",
-                 "repaired", "under", "found", "refilling", "disk_end")
+                 "repaired", "under", "found", "refilling", "disk_end", "now", "hedged")
 
     def __init__(self, node: NodeState, refilling: Rereplication, rate: int = DEFAULT_RATE,
                  grace: int = DEFAULT_GRACE_MS) -> None:
@@ -176,6 +182,10 @@ class Repair:
         # (target, job ID) -> (sent at ms, attempts): copies waiting for their GOTJOB
         self.inflight: dict[tuple[bytes, bytes], tuple[int, int]] = {}
         self.pending: dict[bytes, int] = {}  # job ID -> its entries in `inflight`
+        # jobs the urgent walk copied whose copy is not confirmed yet: one of them sent
+        # again (`_resend`) walks the urgent walk again, which copies it elsewhere too
+        self.hedged: set[bytes] = set()
+        self.now = 0  # ms: the walk step's (for `_counted`)
         # short jobs left to the holder ranked first (this walk's, the last walk's)
         self.deferred: set[bytes] = set()
         self.deferred_seen: set[bytes] = set()
@@ -290,6 +300,7 @@ class Repair:
             pending[key[1]] = left
         else:
             del pending[key[1]]
+            self.hedged.discard(key[1])
         return True
 
     # ------------------------------------------------------------------ internals
@@ -302,6 +313,8 @@ class Repair:
         jobs = node.jobs
         count = jobs.shard_count()
         pending = self.pending
+        inflight = self.inflight
+        self.now = now
         deferred = self.deferred
         # restarted nodes this node's re-replication is still refilling, and its copies
         # sent but not confirmed: not counted as holders yet (`_counted`), so they may
@@ -355,9 +368,13 @@ class Repair:
                 short = job.repl - counted
                 if short <= 0 or (urgent and counted > 1):
                     continue
-                if job_id in pending:
+                if job_id in pending and not (urgent and self._overdue(job)):
                     # a repair of it is under way (its copies counted) and it is still
-                    # short (the urgent walk's one copy): the next walk makes the rest
+                    # short (the urgent walk's one copy): the next walk makes the rest.
+                    # But a job one crash from lost whose new copies all wait past
+                    # CONFIRM_MS for their GOTJOB (a target above its memory limit refuses
+                    # copies without a word) gets one elsewhere now, not after the
+                    # MAX_ATTEMPTS sends to the same node (5 s)
                     if not urgent:
                         deferred.add(job_id)
                     continue
@@ -366,9 +383,9 @@ class Repair:
                     continue
                 # linked nodes without a copy: not listed, or listed but restarted empty and
                 # not refilled with it yet (the copy goes to them first: no list grows)
-                candidates = [n for n in linked if n not in delivered or (
+                candidates = [n for n in linked if (n not in delivered or (
                     n in refilling and (n, job_id) not in unconfirmed
-                    and not has_copy(n, job_id))]
+                    and not has_copy(n, job_id))) and (n, job_id) not in inflight]
                 if not candidates:
                     if not urgent:
                         self.found += 1  # nowhere to copy it now (walked again on a change)
@@ -379,6 +396,8 @@ class Repair:
                     candidates.sort(key=lambda n: (n not in delivered, rank(n, job_id)))
                 targets = candidates[:short]
                 self._copy(job, targets, now)  # (job.delivered is a new tuple now)
+                if urgent:
+                    self.hedged.add(job_id)
                 budget -= len(targets)
         if urgent:
             if cursor < DISK_DONE:
@@ -434,7 +453,27 @@ class Repair:
             if waiting:
                 live = [n for n in live if n not in waiting]
                 counted -= len(waiting)
+        if job_id in self.pending and len(live) > 1:
+            # a copy of ours still unconfirmed CONFIRM_MS after it was sent is not counted
+            # (its target may be refusing it): the job may be one crash from lost
+            inflight = self.inflight
+            now = self.now
+            late = [n for n in live if _late(inflight.get((n, job_id)), now)]
+            if late:
+                live = [n for n in live if n not in late]
+                counted -= len(late)
         return live, counted
+
+    def _overdue(self, job: Job) -> bool:
+        """Whether every copy of the job this node sent waits for its GOTJOB since
+        CONFIRM_MS or more."""
+        inflight = self.inflight
+        now = self.now
+        for n in job.delivered:
+            sent = inflight.get((n, job.id))
+            if sent is not None and not _late(sent, now):
+                return False
+        return True
 
     def _left_to_another(self, job_id: bytes, live: list[bytes]) -> bool:
         """Another reachable holder ranks first (`first_sender`: the job's creator last)
@@ -476,14 +515,23 @@ class Repair:
 
     def _resend(self, now: int, budget: int, alive: set[bytes]) -> int:
         node = self.node
+        hedged = self.hedged
         for key, attempts in overdue(self.inflight, now):
             if budget <= 0:
                 break
             target, job_id = key
+            urgent = job_id in hedged
             self._settled(key)
             job = node.lookup_job(job_id)
             if job is None or job.state not in (ACTIVE, QUEUED):
                 continue
+            if urgent and self.stale_seen:
+                # a copy the urgent walk made is not confirmed: the urgent walk looks at
+                # the job again, and copies it elsewhere if it is still one crash from lost
+                if self.urgent < 0:
+                    self.urgent = 0
+                else:
+                    self.urgent_again = True
             if target not in alive or attempts >= MAX_ATTEMPTS:
                 # down too, or refusing (e.g. above its memory limit): not a copy. Only
                 # this node lists it (the others learn a new copy once it is confirmed),
@@ -494,6 +542,8 @@ class Repair:
             node.send(target, ReplJob(node.header(), job_record(job, now), False))
             self.inflight[key] = (now, attempts + 1)
             self.pending[job_id] = self.pending.get(job_id, 0) + 1
+            if urgent:
+                hedged.add(job_id)  # (`_settled` let go of it)
             budget -= 1
         return budget
 
@@ -501,3 +551,9 @@ class Repair:
     def info_fields(self) -> list[tuple[str, int]]:
         return [("underreplicated_jobs", max(self.under, self.found) + len(self.inflight)),
                 ("repaired_jobs", self.repaired)]
+
+
+def _late(sent: tuple[int, int] | None, now: int) -> bool:
+    """Whether a copy in `inflight` ((sent at, attempts), or None) waits for its GOTJOB
+    since CONFIRM_MS or more: sent again already, or sent that long ago."""
+    return sent is not None and (sent[1] > 1 or now - sent[0] >= CONFIRM_MS)

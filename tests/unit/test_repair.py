@@ -345,6 +345,30 @@ def test_jobs_one_crash_from_lost_are_copied_first() -> None:
     assert r.info()["repaired_jobs"] == 2 + len(ahead)
 
 
+def test_a_job_one_crash_from_lost_whose_new_copy_waits_gets_one_elsewhere() -> None:
+    # The simulation's random kills at five times the load (seed 60024, overflow on): the
+    # one node the urgent walk chose was above its memory limit and refused the copy, which
+    # it does without a word (no GOTJOB); the job waited for the MAX_ATTEMPTS sends to it,
+    # 5 s, one crash from lost, and its last holder crashed meanwhile. Once the copy is
+    # unconfirmed for CONFIRM_MS, the job gets one on another node too.
+    r = Rig()
+    jid = r.copy(delivered=(A, ME))
+    r.node.lookup_job(jid).repl = 3  # only this node's copy is left once A drops
+    r.drop(A)
+    out = repljobs(r.crons(DEFAULT_GRACE_MS + 300))
+    first = [to for to, j, noreply in out if j == jid and not noreply]
+    assert len(first) == 1  # a second copy first, as before
+    other = ({B, C} - set(first)).pop()
+    out = repljobs(r.crons(CONFIRM_MS + 200))
+    assert (other, jid, False) in out  # elsewhere too
+    assert (first[0], jid, False) in out  # and the first target asked again (it may be slow)
+    r.node.on_message(other, GotJob(Header(other, b"", 7711, 17711, 0), jid))
+    assert {A, B, C, ME} == set(r.node.lookup_job(jid).delivered)
+    # two copies now: no third target is looked for while the first is asked again
+    out = repljobs(r.crons(CONFIRM_MS * 2))
+    assert {to for to, j, noreply in out if j == jid and not noreply} <= {first[0]}
+
+
 def test_jobs_one_crash_from_lost_are_not_held_to_the_rate() -> None:
     # chaos random-kill (two of five nodes down every few seconds, ~100,000 jobs waiting)
     # lost 5,348 of 113,737 jobs while the one-copy jobs went at four times repair-rate:
