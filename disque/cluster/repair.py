@@ -149,7 +149,7 @@ class Repair:
     __slots__ = ("node", "rate", "grace", "down", "stale_seen", "linked_seen", "view",
                  "cursor", "urgent", "urgent_again", "again", "timer", "tokens", "last_step", "inflight", "pending",
                  "deferred", "deferred_seen", "rewalk_at",
-                 "repaired", "under", "found", "refilling", "disk_end", "now", "hedged")
+                 "repaired", "under", "found", "refilling", "disk_end", "hedged")
 
     def __init__(self, node: NodeState, refilling: Rereplication, rate: int = DEFAULT_RATE,
                  grace: int = DEFAULT_GRACE_MS) -> None:
@@ -185,7 +185,6 @@ class Repair:
         # jobs the urgent walk copied whose copy is not confirmed yet: one of them sent
         # again (`_resend`) walks the urgent walk again, which copies it elsewhere too
         self.hedged: set[bytes] = set()
-        self.now = 0  # ms: the walk step's (for `_counted`)
         # short jobs left to the holder ranked first (this walk's, the last walk's)
         self.deferred: set[bytes] = set()
         self.deferred_seen: set[bytes] = set()
@@ -313,8 +312,6 @@ class Repair:
         jobs = node.jobs
         count = jobs.shard_count()
         pending = self.pending
-        inflight = self.inflight
-        self.now = now
         deferred = self.deferred
         # restarted nodes this node's re-replication is still refilling, and its copies
         # sent but not confirmed: not counted as holders yet (`_counted`), so they may
@@ -347,7 +344,7 @@ class Repair:
                 looked += DISK_STEP // DISK_WEIGHT
                 batch = []
                 for job_id, listed in found:
-                    if self._may_copy(job_id, listed, urgent, lists):
+                    if self._may_copy(job_id, listed, urgent, lists, now):
                         back = node.lookup_job(job_id)
                         if back is not None:
                             batch.append(back)
@@ -364,11 +361,12 @@ class Repair:
                         or not job.retry or job.flags & (F_DUMMY | F_RELOADED):
                     continue  # (seen[0]: the list names a node past its grace)
                 job_id = job.id
-                live, counted = self._counted(job_id, seen)
+                live, counted = self._counted(job_id, seen, now)
                 short = job.repl - counted
                 if short <= 0 or (urgent and counted > 1):
                     continue
-                if job_id in pending and not (urgent and self._overdue(job)):
+                hedge = job_id in pending
+                if hedge and not (urgent and self._overdue(job, now)):
                     # a repair of it is under way (its copies counted) and it is still
                     # short (the urgent walk's one copy): the next walk makes the rest.
                     # But a job one crash from lost whose new copies all wait past
@@ -383,9 +381,11 @@ class Repair:
                     continue
                 # linked nodes without a copy: not listed, or listed but restarted empty and
                 # not refilled with it yet (the copy goes to them first: no list grows)
-                candidates = [n for n in linked if (n not in delivered or (
+                candidates = [n for n in linked if n not in delivered or (
                     n in refilling and (n, job_id) not in unconfirmed
-                    and not has_copy(n, job_id))) and (n, job_id) not in inflight]
+                    and not has_copy(n, job_id))]
+                if hedge:  # (not to a node its copy waits on)
+                    candidates = [n for n in candidates if (n, job_id) not in self.inflight]
                 if not candidates:
                     if not urgent:
                         self.found += 1  # nowhere to copy it now (walked again on a change)
@@ -435,7 +435,7 @@ class Repair:
             [n for n in delivered if n in alive and n in refilling])
         return seen
 
-    def _counted(self, job_id: bytes, seen: NodeView) -> tuple[list[bytes], int]:
+    def _counted(self, job_id: bytes, seen: NodeView, now: int) -> tuple[list[bytes], int]:
         """The job's reachable holders (this node, and linked holders that are not being
         refilled by this node's re-replication, or were and confirmed this job's copy
         since, nor waiting for its copy of this job) and its copies counted (those, and
@@ -457,18 +457,16 @@ class Repair:
             # a copy of ours still unconfirmed CONFIRM_MS after it was sent is not counted
             # (its target may be refusing it): the job may be one crash from lost
             inflight = self.inflight
-            now = self.now
             late = [n for n in live if _late(inflight.get((n, job_id)), now)]
             if late:
                 live = [n for n in live if n not in late]
                 counted -= len(late)
         return live, counted
 
-    def _overdue(self, job: Job) -> bool:
+    def _overdue(self, job: Job, now: int) -> bool:
         """Whether every copy of the job this node sent waits for its GOTJOB since
         CONFIRM_MS or more."""
         inflight = self.inflight
-        now = self.now
         for n in job.delivered:
             sent = inflight.get((n, job.id))
             if sent is not None and not _late(sent, now):
@@ -483,7 +481,8 @@ class Repair:
         return len(live) > 1 and job_id not in self.deferred_seen and myself in live and \
             first_sender(job_id, live) != myself
 
-    def _may_copy(self, job_id: bytes, listed: bytes, urgent: bool, lists: NodeLists) -> bool:
+    def _may_copy(self, job_id: bytes, listed: bytes, urgent: bool, lists: NodeLists,
+                  now: int) -> bool:
         """Whether `_walk` may copy a job on disk from here, by its listed nodes (IDs
         concatenated) as the disk has them: the jobs it would skip or leave to another
         holder are not read back (a read by ID costs ~30 us, and a job brought back takes
@@ -493,7 +492,7 @@ class Repair:
         seen = lists.get(nodes)
         if seen is None:
             seen = self._view_of(nodes, lists)
-        live, counted = self._counted(job_id, seen)
+        live, counted = self._counted(job_id, seen, now)
         if urgent:
             return counted <= 1
         if job_id in self.pending or self._left_to_another(job_id, live):
