@@ -73,19 +73,20 @@ class AofManager:
         return self.cfg.appendfilename
 
     # ------------------------------------------------------------------ start
-    async def load_at_start(self) -> None:
+    async def load_at_start(self, appendonly: bool, enqueue_once: bool) -> None:
         """Load the AOF if appendonly or aof-enqueue-jobs-once asks for it, then open it for
-        appending. Raises AofLoadError when the file cannot be loaded."""
+        appending. The two are the values the node started with (Server.start): a CONFIG
+        SET served meanwhile does not change this start. Raises AofLoadError when the
+        file cannot be loaded."""
         cfg = self.cfg
-        enqueue_once = cfg.aof_enqueue_jobs_once
         try:
-            if cfg.appendonly or enqueue_once:
+            if appendonly or enqueue_once:
                 if os.path.exists(self.path):
                     await self.load(enqueue_once)
                 elif enqueue_once:
                     raise AofLoadError(f"aof-enqueue-jobs-once is yes but the AOF "
                                        f"{self.path} does not exist in {os.getcwd()}")
-            if cfg.appendonly:
+            if appendonly:
                 self.open()
         finally:
             self.server.loading = False

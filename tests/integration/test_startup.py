@@ -9,13 +9,14 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 import disque
 from tests.harness import REPO, DisqueProcess, wait_for
-from tests.integration.resp import Conn, Err, Status, node_id
+from tests.integration.resp import Conn, Err, Status, encode, node_id
 
 
 def run_server(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
@@ -133,6 +134,55 @@ def test_sigterm_while_the_pidfile_is_written_still_shuts_down(tmp_path: Path) -
             assert f.read().strip() == str(proc.proc.pid)
         assert proc.proc.wait(timeout=30) == 0, proc.output()
         assert "server.shutdown" in proc.output()
+    finally:
+        proc.kill()
+
+
+def connect_at_once(proc: DisqueProcess) -> socket.socket:
+    """A connection made as soon as the node listens (connect in a tight loop)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return socket.create_connection(("127.0.0.1", proc.port), timeout=30)
+        except OSError:
+            assert proc.alive() and time.monotonic() < deadline, proc.output()[-3000:]
+
+
+@pytest.mark.parametrize("directive", ["aof-enqueue-jobs-once", "appendonly"])
+def test_a_config_set_served_while_the_node_starts_does_not_change_that_start(
+        tmp_path: Path, directive: str) -> None:
+    """The client port opens before the AOF's start-up step (a loading node answers
+    -LOADING); with no AOF to load, a client's commands are served in between. A CONFIG
+    SET served there changed that start:
+    - aof-enqueue-jobs-once yes (meant for the next start) made it look for an AOF, and the
+      node exited (a CI run saw CONFIG REWRITE answered OK, then the port closed);
+    - appendonly yes opened the AOF, then the start-up opened it a second time: INFO said
+      aof_state:on, and the jobs acknowledged after it never reached the file.
+    A client connecting in a tight loop lands in the gap in most starts, so a few starts
+    are enough to catch it."""
+    for i in range(4):
+        set_while_starting(DisqueProcess(tmp_path / f"node{i}", config_text="appendonly no\n"),
+                           directive)
+
+
+def set_while_starting(proc: DisqueProcess, directive: str) -> None:
+    proc.start(wait=False)
+    try:
+        with connect_at_once(proc) as s:
+            s.sendall(encode("CONFIG", "SET", directive, "yes"))
+            assert s.recv(64) == b"+OK\r\n"
+        wait_for(lambda: not proc.alive() or "server.start" in proc.output(),
+                 what="the end of the start-up")
+        assert proc.alive(), proc.output()[-3000:]
+        aof = proc.workdir / "disque.aof"
+        with Conn(proc.port) as c:
+            assert c.cmd("CONFIG", "GET", directive) == [directive.encode(), b"yes"]
+            job_id = c.cmd("ADDJOB", "q", "body", 0).encode()
+        if directive == "appendonly":  # (once the first rewrite has made the file)
+            wait_for(lambda: aof.exists() and job_id in aof.read_bytes(), timeout=10,
+                     what="the job in the AOF")
+        else:
+            assert not aof.exists()
     finally:
         proc.kill()
 
