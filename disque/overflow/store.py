@@ -21,7 +21,7 @@ random place, and the page it lands on written at the commit: about a page writt
 once the index outgrows SQLite's cache. So an entry is two integers (about 19 bytes in a
 page: the more a page holds, the fewer pages a merge writes), and new entries go first to
 `new`, dicts in memory (one per 1/MERGE_SLICES of the hash space); once they hold MERGE_AT
-entries they move to `ids` one dict per step (`merge_step`), sorted by SQLite, so each page
+entries they move to `ids` one dict per step (`merge_step`), in key order, so each page
 of `ids` takes many entries for one write. (A keyed table in memory in their place, as
 before, cost 1.4 us per entry against 0.15: SQLite's B-tree inserts at random places; the
 dicts take ~13 MB at MERGE_AT.) A lookup reads `new` first. An entry is not deleted when
@@ -58,6 +58,8 @@ import os
 import sqlite3
 from array import array
 from collections.abc import Collection
+from itertools import chain
+from operator import itemgetter
 from typing import Any
 
 import msgpack
@@ -87,7 +89,6 @@ _SCHEMA = (
     "CREATE INDEX chunks_queue ON chunks (queue, first)",
     "CREATE INDEX chunks_wake ON chunks (wake)",
     "CREATE TABLE ids " + _IDS_COLUMNS,
-    "CREATE TEMP TABLE ids_new (h INTEGER NOT NULL, at INTEGER NOT NULL)",
 )
 
 # id, queue (empty: a job not queued here), ctime (the queue order), wake (ms: when the job's
@@ -98,7 +99,8 @@ Row = tuple[bytes, bytes, int, int, bytes, int, bytes, int]
 # a segment as read back: id, count, lens (array("I") bytes), data
 Segment = tuple[int, int, bytes, bytes]
 
-_packb = msgpack.packb
+# one Packer for every segment's meta: packb makes a Packer per call
+_packb = msgpack.Packer(autoreset=True).pack
 _unpackb = msgpack.unpackb
 
 
@@ -192,33 +194,40 @@ class OverflowStore:
     def put(self, rows: list[Row]) -> None:
         """Add jobs in one transaction, as segments of one queue each; OverflowFull (and
         nothing added) when they do not fit."""
-        by_queue: dict[bytes, list[Row]] = {}
-        for r in rows:
-            by_queue.setdefault(r[1], []).append(r)
+        queue = rows[0][1] if rows else b""
+        if all(r[1] == queue for r in rows):  # (nearly always: a spill or a write is per queue)
+            groups = [rows]
+        else:
+            by_queue: dict[bytes, list[Row]] = {}
+            for r in rows:
+                group = by_queue.get(r[1])
+                if group is None:
+                    by_queue[r[1]] = [r]
+                else:
+                    group.append(r)
+            groups = list(by_queue.values())
         db = self.db
         added = chunks = 0
         size = 0
-        entries: list[int] = []  # (hash, place) of each job, flat
+        placed: list[tuple[int, list[int]]] = []  # (first place, each job's ID hash) a segment
         try:
             db.execute("BEGIN")
-            for queue, group in by_queue.items():
-                group.sort(key=_ctime_of)
+            for group in groups:
+                group = sorted(group, key=_ctime_of)
                 for start in range(0, len(group), CHUNK):
-                    part = group[start:start + CHUNK]
-                    lens = array("I", [len(r[6]) for r in part])
-                    data = b"".join(r[6] for r in part)
-                    meta = _packb([(r[0], r[4], r[5]) for r in part])
-                    fps = array("q", [r[7] for r in part])
+                    # (one transpose: the columns of the segment's jobs)
+                    ids, queues, ctimes, wakes, listed, copyable, datas, fps = zip(
+                        *group[start:start + CHUNK], strict=True)
+                    data = b"".join(datas)
                     cur = db.execute(
                         "INSERT INTO chunks (queue, first, wake, count, lens, fps, meta, data)"
                         " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                        (queue, part[0][2], min(r[3] for r in part), len(part),
-                         lens.tobytes(), fps.tobytes(), meta, data))
+                        (queues[0], ctimes[0], min(wakes), len(ids),
+                         array("I", map(len, datas)).tobytes(), array("q", fps).tobytes(),
+                         _packb(list(zip(ids, listed, copyable, strict=True))), data))
                     chunk = self.last_chunk = int(cur.lastrowid or 0)
-                    at = chunk * CHUNK
-                    for pos, r in enumerate(part):
-                        entries += (hash(r[0]), at + pos)
-                    added += len(part)
+                    placed.append((chunk * CHUNK, list(map(hash, ids))))
+                    added += len(ids)
                     size += len(data)
                     chunks += 1
             db.execute("COMMIT")
@@ -228,9 +237,11 @@ class OverflowStore:
             with contextlib.suppress(sqlite3.Error):
                 db.execute("ROLLBACK")
             raise OverflowFull(str(exc)) from exc
-        for i in range(0, len(entries), 2):
-            h = entries[i]
-            self._new_of(h)[h] = entries[i + 1]
+        new = self.new
+        for at, hashes in placed:
+            for h in hashes:
+                new[(h >> SLICE_SHIFT) + SLICE_BIAS][h] = at
+                at += 1
         self.jobs += added
         self.bytes += size
         self.written += added
@@ -238,10 +249,10 @@ class OverflowStore:
         self.fresh += added
 
     def merge_step(self) -> None:
-        """Move one slice of `new` into ids, in key order, when a merge is under way or
-        `new` is full enough to start one: appended to ids_new (no key: an append costs a
-        fifth of a keyed insert), then into ids sorted by SQLite. A failed step (a full
-        disk) leaves its entries in `new`, where lookups find them as well."""
+        """Move one slice of `new` into ids, in key order (sorted here: through a temporary
+        table sorted by SQLite, a merge cost 10% more), when a merge is under way or `new`
+        is full enough to start one. A failed step (a full disk) leaves its entries in
+        `new`, where lookups find them as well."""
         if self._merge < 0:
             if self.fresh < MERGE_AT:
                 return
@@ -251,16 +262,11 @@ class OverflowStore:
         if part:
             try:
                 db.execute("BEGIN")
-                flat: list[int] = []
-                for h, at in part.items():
-                    flat += (h, at)
-                    if len(flat) == 2 * MERGE_ROWS:
-                        db.execute(_insert_new(MERGE_ROWS), flat)
-                        flat = []
-                if flat:
-                    db.execute(_insert_new(len(flat) // 2), flat)
-                db.execute("INSERT OR REPLACE INTO ids SELECT h, at FROM ids_new ORDER BY h")
-                db.execute("DELETE FROM ids_new")
+                flat = list(chain.from_iterable(sorted(part.items())))  # h, at, h, at...
+                rows = 2 * MERGE_ROWS
+                for i in range(0, len(flat), rows):
+                    values = flat[i:i + rows]
+                    db.execute(_insert_ids(len(values) // 2), values)
                 db.execute("COMMIT")
             except sqlite3.Error:
                 with contextlib.suppress(sqlite3.Error):
@@ -488,11 +494,11 @@ class OverflowStore:
 _INSERTS: dict[int, str] = {}
 
 
-def _insert_new(n: int) -> str:
-    """The statement adding n entries to ids_new (made once for each n)."""
+def _insert_ids(n: int) -> str:
+    """The statement adding (or replacing) n entries of ids (made once for each n)."""
     sql = _INSERTS.get(n)
     if sql is None:
-        sql = _INSERTS[n] = "INSERT INTO ids_new VALUES " + ", ".join(["(?, ?)"] * n)
+        sql = _INSERTS[n] = "INSERT OR REPLACE INTO ids VALUES " + ", ".join(["(?, ?)"] * n)
     return sql
 
 
@@ -504,8 +510,7 @@ def _slice(i: int, slices: int) -> tuple[int, int]:
     return lo, (lo + width - 1 if i < slices - 1 else (1 << 63) - 1)
 
 
-def _ctime_of(row: Row) -> int:
-    return row[2]
+_ctime_of = itemgetter(2)  # a Row's ctime
 
 
 def _remove(path: str) -> None:
