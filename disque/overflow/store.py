@@ -58,7 +58,6 @@ import os
 import sqlite3
 from array import array
 from collections.abc import Collection
-from itertools import chain
 from operator import itemgetter
 from typing import Any
 
@@ -262,7 +261,10 @@ class OverflowStore:
         if part:
             try:
                 db.execute("BEGIN")
-                flat = list(chain.from_iterable(sorted(part.items())))  # h, at, h, at...
+                keys = sorted(part)  # (sorting the (h, at) pairs cost twice as much)
+                flat = [0] * (2 * len(keys))  # h, at, h, at...
+                flat[0::2] = keys
+                flat[1::2] = map(part.__getitem__, keys)
                 rows = 2 * MERGE_ROWS
                 for i in range(0, len(flat), rows):
                     values = flat[i:i + rows]
