@@ -194,7 +194,7 @@ class OverflowStore:
         """Add jobs in one transaction, as segments of one queue each; OverflowFull (and
         nothing added) when they do not fit."""
         queue = rows[0][1] if rows else b""
-        if all(r[1] == queue for r in rows):  # (nearly always: a spill or a write is per queue)
+        if all(r[1] == queue for r in rows):  # (a spill: one queue; new jobs may mix queues)
             groups = [rows]
         else:
             by_queue: dict[bytes, list[Row]] = {}
