@@ -81,6 +81,12 @@ until it has REPLICATE reachable copies again:
   (a node above its memory limit refuses copies without a word: the simulation's random
   kills at five times the load, seed 60024, lost jobs whose one new copy went, five times
   over 5 s, to such a node while their last holder crashed);
+- a target that let MAX_ATTEMPTS copies go unanswered while linked (one above its memory
+  limit) is asked for no copy for REFUSED_MS, and the walks run again at once, so the jobs
+  it refused go to another node; once the pause is over they run again and may ask it
+  again. Before, the next walk came only with a change of the nodes linked or down, and
+  it ranked the same node first: with one node down and one refusing, a job could stay
+  short of a copy as long as nothing changed;
 
 INFO (jobs section): `underreplicated_jobs` (jobs held here that the last walk found with
 fewer reachable copies than REPLICATE and did not repair from here, plus the repairs waiting
@@ -128,6 +134,8 @@ DISK_DONE: Final = 1 << 62  # a walk's cursor once past the jobs on disk too
 # walk that left it, the others walk again and copy what is still short (that holder may
 # list the job without holding it)
 DEFER_MS: Final = 1000
+# a target that let MAX_ATTEMPTS copies go unanswered while linked is asked for none this long
+REFUSED_MS: Final = 10_000
 
 
 # what one walk step works out for a node list (`Repair._view_of`): whether it names a
@@ -148,7 +156,7 @@ class Repair:
 
     __slots__ = ("node", "rate", "grace", "down", "stale_seen", "linked_seen", "view",
                  "cursor", "urgent", "urgent_again", "again", "timer", "tokens", "last_step", "inflight", "pending",
-                 "deferred", "deferred_seen", "rewalk_at",
+                 "deferred", "deferred_seen", "rewalk_at", "refused",
                  "repaired", "under", "found", "refilling", "disk_end", "hedged")
 
     def __init__(self, node: NodeState, refilling: Rereplication, rate: int = DEFAULT_RATE,
@@ -189,6 +197,7 @@ class Repair:
         self.deferred: set[bytes] = set()
         self.deferred_seen: set[bytes] = set()
         self.rewalk_at = 0  # ms: walk again then, for the jobs deferred (0: no need)
+        self.refused: dict[bytes, int] = {}  # target -> ms until which it is asked for no copy
         self.repaired = 0
         self.under = 0  # found by the last finished walk
         self.found = 0  # found so far by the walk under way
@@ -217,6 +226,13 @@ class Repair:
                 down[n.id] = now
         for n_id in [n for n in down if n not in known]:
             del down[n_id]  # forgotten: its copies count as lost
+        refused = self.refused
+        if refused:
+            over = [n for n, until in refused.items() if until <= now]
+            for n_id in over:
+                del refused[n_id]
+            if over and self.stale_seen:
+                self.walk_again()  # the jobs it refused may go to it now
         grace = self.grace
         stale = frozenset(n for n, since in down.items() if now - since >= grace)
         spared.update(n for n in down if n not in stale)
@@ -308,6 +324,9 @@ class Repair:
         copying those this node repairs: the budget left. The `urgent` walk copies only
         the jobs of which this node holds the one copy counted."""
         linked, _, _, stale = self.view
+        refused = self.refused
+        if refused:
+            linked = tuple(n for n in linked if n not in refused)
         node = self.node
         jobs = node.jobs
         count = jobs.shard_count()
@@ -537,6 +556,10 @@ class Repair:
                 # so it leaves the list: listed, it would count as a copy when it comes
                 # back and could not be chosen again; the next walk finds the job short
                 job.delivered = tuple(n for n in job.delivered if n != target)
+                if target in alive:  # refusing: another node, from a walk now
+                    self.refused[target] = now + REFUSED_MS
+                    if self.stale_seen:
+                        self.walk_again()
                 continue
             node.send(target, ReplJob(node.header(), job_record(job, now), False))
             self.inflight[key] = (now, attempts + 1)

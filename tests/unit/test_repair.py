@@ -7,17 +7,17 @@ import random
 
 from disque.cluster.messages import DelJob, GotJob, Header, ReplJob
 from disque.cluster.records import CONFIRM_MS, MAX_ATTEMPTS, first_sender, job_record, rank
-from disque.cluster.repair import DEFAULT_GRACE_MS, DEFER_MS
+from disque.cluster.repair import DEFAULT_GRACE_MS, DEFER_MS, REFUSED_MS
 from disque.jobs.job import F_RELOADED
 from tests.unit.noderig import ME, NodeRig
 
-A, B, C = (bytes([c]) * 40 for c in b"abc")
+A, B, C, D = (bytes([c]) * 40 for c in b"abcd")
 IPS = {A: b"10.0.0.2", B: b"10.0.0.3", C: b"10.0.0.4"}
 
 
 class Rig(NodeRig):
-    def __init__(self, rate: int = 5000) -> None:
-        super().__init__(IPS)
+    def __init__(self, rate: int = 5000, peers: dict[bytes, bytes] = IPS) -> None:
+        super().__init__(peers)
         self.node.repair.rate = rate
         self.node.rereplication.rate = 0  # no restart in these tests
 
@@ -428,3 +428,42 @@ def test_a_change_does_not_restart_the_urgent_walk_under_way() -> None:
     r.drop(A)
     out = repljobs(r.crons(DEFAULT_GRACE_MS + 200))
     assert (min((B, C), key=lambda n: rank(n, urgent)), urgent, False) in out
+
+
+def test_a_node_that_refuses_copies_is_passed_over_and_the_job_copied_elsewhere() -> None:
+    # A node above 75% of its maxmemory refuses REPLJOB without a word. After MAX_ATTEMPTS
+    # unanswered sends it left the job's list, but no walk ran until a link changed, and
+    # that walk ranked it first again: with one node down and one refusing, the job stayed
+    # short of a copy as long as nothing changed.
+    r = Rig(peers=IPS | {D: b"10.0.0.5"})
+    while True:  # a job whose copy goes to C first (C ranks ahead of D for it)
+        jid = r.copy()
+        if rank(C, jid) < rank(D, jid):
+            break
+        r.node.delete_job(r.node.lookup_job(jid))
+    r.drop(A)
+    assert repljobs(r.crons(DEFAULT_GRACE_MS + 200)) == [(C, jid, False)]
+    sends = repljobs(r.crons(MAX_ATTEMPTS * CONFIRM_MS + 500))  # C never answers
+    assert sends.count((C, jid, False)) == MAX_ATTEMPTS - 1
+    assert (D, jid, False) in sends  # the walk after C's last send
+    r.node.on_message(D, GotJob(Header(D, b"", 7711, 17711, 0), jid))
+    assert C not in r.node.lookup_job(jid).delivered
+    assert D in r.node.lookup_job(jid).delivered
+    assert r.info()["repaired_jobs"] == 1
+    # another job short of a copy while C's pause lasts goes to D, even ranked C first
+    while True:
+        other = r.copy()
+        if rank(C, other) < rank(D, other):
+            break
+        r.node.delete_job(r.node.lookup_job(other))
+    r.now += 100
+    r.connect()
+    r.cron()  # A back for a moment: its loss again starts a walk after the grace
+    r.drop(A)
+    out = repljobs(r.crons(DEFAULT_GRACE_MS + 200))
+    assert (D, other, False) in out and (C, other, False) not in out
+    r.node.on_message(D, GotJob(Header(D, b"", 7711, 17711, 0), other))
+    # once its pause is over, C may be asked again (it may have freed memory)
+    assert C in r.node.repair.refused
+    r.crons(REFUSED_MS)
+    assert r.node.repair.refused == {}
