@@ -275,15 +275,18 @@ class Repair:
             self.node.wheel.schedule(self.timer, now + STEP_MS)
 
     def walk_again(self) -> None:
-        if self.urgent < 0:
-            self.urgent = 0
-        else:
-            self.urgent_again = True  # under way: it reaches its end first
+        self.urgent_walk_again()
         if self.cursor < 0:
             self.cursor = 0
             self.found = 0
         else:
             self.again = True
+
+    def urgent_walk_again(self) -> None:
+        if self.urgent < 0:
+            self.urgent = 0
+        else:
+            self.urgent_again = True  # under way: it reaches its end first
 
     def confirmed(self, sender: bytes, job_id: bytes) -> None:
         if self._settled((sender, job_id)):
@@ -546,10 +549,7 @@ class Repair:
             if urgent and self.stale_seen:
                 # a copy the urgent walk made is not confirmed: the urgent walk looks at
                 # the job again, and copies it elsewhere if it is still one crash from lost
-                if self.urgent < 0:
-                    self.urgent = 0
-                else:
-                    self.urgent_again = True
+                self.urgent_walk_again()
             if target not in alive or attempts >= MAX_ATTEMPTS:
                 # down too, or refusing (e.g. above its memory limit): not a copy. Only
                 # this node lists it (the others learn a new copy once it is confirmed),

@@ -238,7 +238,7 @@ class OverflowStore:
             raise OverflowFull(str(exc)) from exc
         new = self.new
         for at, hashes in placed:
-            for h in hashes:
+            for h in hashes:  # (`_new_of`'s slice, inline: a method call per job cost more)
                 new[(h >> SLICE_SHIFT) + SLICE_BIAS][h] = at
                 at += 1
         self.jobs += added

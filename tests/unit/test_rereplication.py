@@ -360,8 +360,8 @@ def test_a_copy_received_after_the_walk_listing_the_restarted_node_is_looked_at_
     new = r.copy(delivered=(A, B, ME))
     r.node.rereplication.copies_held(B, [new], 0)  # (0: looked at job by job)
     assert r.info()["rereplication_rechecks"] == 0
-    # a REPLJOB of such jobs only is not looked at job by job (its oldest ctime is past
-    # every restart's bound); one with an older job is
+    # a REPLJOB of such jobs only carries an oldest ctime past every restart's bound, so
+    # copies_held returns before looking at it job by job
     rr = r.node.rereplication
     assert rr.recent_before == rr.recent[A][1]
     fresh = job_record(r.node.lookup_job(new), r.now)
