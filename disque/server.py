@@ -212,10 +212,7 @@ class Server:
         # With nothing to load, the commands of a client that connects early are served
         # before this method ends, and a CONFIG SET appendonly or aof-enqueue-jobs-once
         # among them is for the running node or for the next start, not for this one.
-        appendonly, enqueue_once = cfg.appendonly, cfg.aof_enqueue_jobs_once
-        # -LOADING from the first accepted command until the AOF is loaded *and* open for
-        # writing: a write accepted earlier would be acknowledged and never logged.
-        self.loading = appendonly or enqueue_once
+        self.aofm.begin_start(cfg.appendonly, cfg.aof_enqueue_jobs_once)
         if cfg.tls_port or cfg.tls_cluster or cfg.tls_http:
             self.tls.load(cfg)  # (process.main checked the files: a TlsConfigError is rare)
         if cfg.http_port:
@@ -249,7 +246,7 @@ class Server:
                                  cfg.tcp_backlog)
         self.cron.run()
         self.bus_cron()
-        await self.aofm.load_at_start(appendonly, enqueue_once)
+        await self.aofm.load_at_start()
 
     def persistence_info(self) -> list[tuple[str, Any]]:
         return self.aofm.info()

@@ -158,6 +158,17 @@ class DisqueProcess:
             return b"".join(chunks)
 
 
+def connect_at_once(proc: DisqueProcess) -> socket.socket:
+    """A connection made as soon as the node listens (connect in a tight loop): its first
+    commands are served while the node still starts."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return socket.create_connection(("127.0.0.1", proc.port), timeout=30)
+        except OSError:
+            assert proc.alive() and time.monotonic() < deadline, proc.output()[-3000:]
+
+
 def original_server_path() -> str | None:
     """The original Disque's `disque-server` named by $DISQUE_ORIGINAL, if it is executable."""
     path = os.environ.get(ORIGINAL_ENV)

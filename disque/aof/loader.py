@@ -33,7 +33,12 @@ class AofLoader:
         self.node = node
         self.enqueue_queued = enqueue_queued
         self.load_truncated = load_truncated
-        self.total_bytes = os.path.getsize(path)
+        try:
+            self.file = open(path, "rb")  # noqa: SIM115 (steps reads it and closes it)
+            self.total_bytes = os.fstat(self.file.fileno()).st_size
+        except OSError as exc:
+            # Not a listener's error: process.main reports an AofLoadError as the AOF's.
+            raise AofLoadError(f"Cannot read the AOF {path}: {exc.strerror}") from None
         self.loaded_bytes = 0
         self.start_time = time.time()
         self.jobs_loaded = 0
@@ -45,7 +50,7 @@ class AofLoader:
         """Apply the file chunk by chunk; yields the bytes loaded so far after each chunk."""
         buf = b""  # unparsed bytes; buf[0] is at file offset `base`
         base = 0
-        with open(self.path, "rb") as f:
+        with self.file as f:
             while True:
                 chunk = f.read(CHUNK)
                 if not chunk:

@@ -64,7 +64,8 @@ class AofManager:
         self.last_rewrite_time = -1
         self.rewrite_failures = 0  # in a row (INFO aof_rewrites_consecutive_failures)
         self.rewrite_failed_at = 0.0
-        self.loader: AofLoader | None = None
+        self.loader: AofLoader | None = None  # while the AOF loads
+        self.start_with = (False, False)  # (appendonly, aof-enqueue-jobs-once) at start
         on_set(self.cfg, "appendonly", self._on_appendonly)
         on_set(self.cfg, "appendfsync", self._on_appendfsync)
 
@@ -73,19 +74,31 @@ class AofManager:
         return self.cfg.appendfilename
 
     # ------------------------------------------------------------------ start
-    async def load_at_start(self, appendonly: bool, enqueue_once: bool) -> None:
-        """Load the AOF if appendonly or aof-enqueue-jobs-once asks for it, then open it for
-        appending. The two are the values the node started with (Server.start): a CONFIG
-        SET served meanwhile does not change this start. Raises AofLoadError when the
-        file cannot be loaded."""
+    def begin_start(self, appendonly: bool, enqueue_once: bool) -> None:
+        """Called before the listeners open, with the values the node started with (a
+        CONFIG SET served while it starts does not change this start). A client served
+        from the first accepted command on sees the whole loading state: -LOADING, and in
+        INFO the loading_* fields of the file about to be loaded. Raises OSError when the
+        AOF exists but cannot be read."""
+        self.start_with = (appendonly, enqueue_once)
+        # -LOADING until the AOF is loaded *and* open for writing: a write accepted earlier
+        # would be acknowledged and never logged.
+        self.server.loading = appendonly or enqueue_once
+        if self.server.loading and os.path.exists(self.path):
+            self.loader = AofLoader(self.path, self.node, enqueue_once,
+                                    self.cfg.aof_load_truncated)
+
+    async def load_at_start(self) -> None:
+        """Load the AOF if appendonly or aof-enqueue-jobs-once asked for it at begin_start,
+        then open it for appending. Raises AofLoadError when the file cannot be loaded."""
         cfg = self.cfg
+        appendonly, enqueue_once = self.start_with
         try:
-            if appendonly or enqueue_once:
-                if os.path.exists(self.path):
-                    await self.load(enqueue_once)
-                elif enqueue_once:
-                    raise AofLoadError(f"aof-enqueue-jobs-once is yes but the AOF "
-                                       f"{self.path} does not exist in {os.getcwd()}")
+            if self.loader is not None:
+                await self.load(self.loader)
+            elif enqueue_once:
+                raise AofLoadError(f"aof-enqueue-jobs-once is yes but the AOF "
+                                   f"{self.path} does not exist in {os.getcwd()}")
             if appendonly:
                 self.open()
         finally:
@@ -100,11 +113,7 @@ class AofManager:
                     log.warning("aof.enqueue_once_rewrite_failed", error=str(exc))
             log.info("aof.enqueue_jobs_once_done", config_rewritten=bool(cfg.config_file))
 
-    async def load(self, enqueue_queued: bool) -> None:
-        server = self.server
-        loader = self.loader = AofLoader(self.path, self.node, enqueue_queued,
-                                         self.cfg.aof_load_truncated)
-        server.loading = True  # load_at_start clears it once the AOF is open too
+    async def load(self, loader: AofLoader) -> None:
         t0 = time.monotonic()
         last_log = t0
         try:
@@ -123,7 +132,7 @@ class AofManager:
                         cut_bytes=loader.total_bytes - loader.truncated_at)
         log.info("aof.loaded", path=self.path, jobs=loader.jobs_loaded,
                  deleted=loader.jobs_deleted, records=loader.records,
-                 seconds=round(time.monotonic() - t0, 3), queued=enqueue_queued)
+                 seconds=round(time.monotonic() - t0, 3), queued=loader.enqueue_queued)
 
     def open(self, wait_rewrite: bool = False) -> AppendOnlyFile:
         assert self.server.loop is not None

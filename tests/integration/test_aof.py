@@ -25,7 +25,7 @@ from disque.aof.format import loadjob_record, parse_record
 from disque.client import AsyncClient, Client, DisqueConnectionError
 from disque.jobs.job import ACTIVE, F_BCAST_QUEUED, Job
 from disque.jobs.serialize import deserialize_job
-from tests.harness import DisqueProcess, wait_for
+from tests.harness import DisqueProcess, connect_at_once, wait_for
 from tests.integration.resp import Conn, Err, Status, encode, info, pairs
 
 ALWAYS = ["--appendonly", "yes", "--appendfsync", "always"]
@@ -358,6 +358,18 @@ def test_enqueue_jobs_once_without_an_aof_stops_startup(make_server) -> None:
     assert p.proc is not None and p.proc.wait(timeout=30) != 0
     assert "does not exist" in p.output()
 
+
+
+def test_an_aof_that_cannot_be_read_stops_startup_as_the_aof_s_error(make_server) -> None:
+    """A disque.aof that cannot be opened (here a directory) was reported as the listener's
+    error: "Could not listen: [Errno 21] Is a directory"."""
+    p = make_server(args=EVERYSEC, start=False)
+    aof_path(p).mkdir()
+    p.start(wait=False)
+    assert p.proc is not None and p.proc.wait(timeout=30) != 0
+    out = p.output()
+    assert "aof.load_failed" in out and "Cannot read the AOF disque.aof: Is a directory" in out
+    assert "listen" not in out
 
 # -- rewrites ----------------------------------------------------------------------------------------
 
@@ -695,6 +707,44 @@ def _write_big_aof(path: Path, n: int) -> None:
                 f.write(out)
                 out.clear()
         f.write(out)
+
+
+def test_a_client_served_as_soon_as_the_node_listens_sees_the_whole_loading_state(
+        tmp_path: Path) -> None:
+    """The client port opens before the AOF's start-up step, and a loading node answers INFO.
+    An INFO served in between said loading:1 with none of the loading_* fields (a CI run's
+    test_clients_get_loading_errors_until_a_large_aof_is_loaded failed on the missing
+    loading_total_bytes). A client connecting in a tight loop lands there in most starts."""
+    for i in range(4):
+        p = DisqueProcess(tmp_path / f"node{i}", config_text="appendonly yes\n")
+        _write_big_aof(aof_path(p), 20_000)
+        total = os.path.getsize(aof_path(p))
+        p.start(wait=False)
+        try:
+            with connect_at_once(p) as s:
+                s.sendall(encode("INFO", "persistence"))
+                lines = dict(line.split(":", 1) for line in
+                             read_bulk(s).decode().split("\r\n")[1:] if line)
+            if lines["loading"] == "1":
+                assert list(lines) == PERSISTENCE_BASE + PERSISTENCE_LOADING, lines
+                assert int(lines["loading_total_bytes"]) == total
+            else:
+                assert list(lines) == PERSISTENCE_BASE + PERSISTENCE_AOF, lines
+        finally:
+            p.kill()
+
+
+def read_bulk(s: socket.socket) -> bytes:
+    """One bulk string reply read from a raw socket."""
+    buf = b""
+    while b"\r\n" not in buf:
+        buf += s.recv(65536)
+    head, _, rest = buf.partition(b"\r\n")
+    assert head.startswith(b"$"), buf
+    size = int(head[1:])
+    while len(rest) < size + 2:
+        rest += s.recv(65536)
+    return rest[:size]
 
 
 def test_clients_get_loading_errors_until_a_large_aof_is_loaded(make_server) -> None:

@@ -9,13 +9,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 import disque
-from tests.harness import REPO, DisqueProcess, wait_for
+from tests.harness import REPO, DisqueProcess, connect_at_once, wait_for
 from tests.integration.resp import Conn, Err, Status, encode, node_id
 
 
@@ -136,16 +135,6 @@ def test_sigterm_while_the_pidfile_is_written_still_shuts_down(tmp_path: Path) -
         assert "server.shutdown" in proc.output()
     finally:
         proc.kill()
-
-
-def connect_at_once(proc: DisqueProcess) -> socket.socket:
-    """A connection made as soon as the node listens (connect in a tight loop)."""
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            return socket.create_connection(("127.0.0.1", proc.port), timeout=30)
-        except OSError:
-            assert proc.alive() and time.monotonic() < deadline, proc.output()[-3000:]
 
 
 @pytest.mark.parametrize("directive", ["aof-enqueue-jobs-once", "appendonly"])
