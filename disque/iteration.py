@@ -79,6 +79,20 @@ class Iteration:
             return
         self.node.on_message(sender, msg)
 
+    def prefetch(self, msgs: list[Message]) -> None:
+        """Job messages arrived together on the bus: those of members read their jobs on
+        disk back at once (Node.prefetch) before each is handled (`on_job_message`)."""
+        node = self.node
+        if not node.on_disk:
+            return
+        table = self.membership.table
+        heard: list[Message] = []
+        for msg in msgs:
+            n = table.get(msg.header.sender)
+            if n is not None and not n.bits & HANDSHAKE:
+                heard.append(msg)
+        node.prefetch(heard)
+
     def schedule_route(self) -> None:
         if not self.route_scheduled:
             self.route_scheduled = True

@@ -647,6 +647,25 @@ class Node(NodeState):
     def on_pause(self, sender: bytes, msg: PauseQueue) -> None:
         self.pause(msg.queue, msg.flags & (PAUSE_IN | PAUSE_OUT))
 
+    def prefetch(self, msgs: Sequence[Message]) -> None:
+        """Before job messages that came together are handled, one at a time: with jobs
+        on disk, the jobs that their handlers look up by ID first (and would read back
+        one read each) are read back together (a replica's SETACKs, a bus frame's worth
+        at a time, while a backlog on disk drains). GOTJOB and WILLQUEUE are left out:
+        their handlers answer a job on disk without reading it back."""
+        if not self.on_disk:
+            return
+        jobs = self.jobs
+        ids: list[bytes] = []
+        for msg in msgs:
+            if isinstance(msg, (SetAck, GotAck, DelJob, EnqueueJob, Queued, WorkingJob)):
+                if jobs.get(msg.job_id) is None:
+                    ids.append(msg.job_id)
+            elif isinstance(msg, YourJobs):
+                ids += [rec.id for rec in msg.jobs if jobs.get(rec.id) is None]
+        if ids:
+            self.overflow.fault_in_many(ids)
+
     def on_message(self, sender: bytes, msg: Message) -> None:
         """A job message from another node of the cluster, to the subsystem that handles
         its type (see `handlers`)."""

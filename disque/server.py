@@ -131,6 +131,7 @@ class Server:
         self.iteration = Iteration(self.node, self.bus, self.membership, self.aofm)
         self.node.on_out = self.iteration.schedule_route
         self.bus.deliver_job_message = self.iteration.on_job_message
+        self.bus.prefetch = self.iteration.prefetch
         self.dispatch = Dispatcher(cfg, self.node, self.latency, self.aofm, load_all())
         # what the clients read and count per request (compiled with them)
         self.shared = Shared(self.dispatch, self.iteration, self.aofm)

@@ -110,6 +110,8 @@ class BusLink(asyncio.Protocol):
         except BusProtocolError as exc:
             msgs = exc.messages
             error = exc
+        if bus.prefetch is not None and self.state != "auth" and msgs:
+            bus.prefetch(msgs)
         for msg in msgs:
             if self.closed:  # by a message before this one
                 return
@@ -254,6 +256,8 @@ class Bus:
         self.password = password.encode() if password else b""
         self.save_config = save_config
         self.deliver_job_message = deliver_job_message
+        # called with the messages of a read before they are delivered (Iteration.prefetch)
+        self.prefetch: Callable[[list[Message]], None] | None = None
         # the job layer's hook for Membership's LinkChanged(node_id, up) effects
         self.link_changed = link_changed
         self.max_frame = max_frame

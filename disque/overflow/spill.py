@@ -405,6 +405,18 @@ class Overflow:
         self._restore(job)
         return job
 
+    def fault_in_many(self, job_ids: Collection[bytes]) -> None:
+        """The jobs with these IDs that are on disk, back (as `fault_in` for each, read
+        together)."""
+        self.write_fresh()
+        store = self.store
+        if store is None:
+            return
+        datas = store.take_many(job_ids)
+        self.state.on_disk = store.jobs
+        for data in datas:
+            self._restore(unpack_job(data))
+
     def refill(self, q: Queue) -> None:
         """Before a job is taken from `q`: if its oldest job may be on disk, bring back the
         REFILL oldest (see the module docstring)."""

@@ -8,7 +8,9 @@ repair). A segment comes back whole: the oldest of a queue when the queue's head
 (`take_oldest`), or when its earliest wake time (an expiry, an active job's requeue) is due
 (`take_due`). One job can come back alone, by ID (`take`): an index `ids` maps a 64-bit hash
 of each job ID to its place, segment * CHUNK + position in the segment (its bytes are found
-from `lens` and read with SQLite's incremental blob I/O: only that job's), and its place is
+from `lens`; the segments read last are kept, `cached`, as jobs are most often looked up by
+ID in about the order they were written: a replica's copies as their SETACKs come, from the
+consumers of each node), and its place is
 a hole of the segment (`holes`, in memory: the file is a cache, and a job taken alone then
 writes nothing) so the segment does not bring it back twice. A copy received again for a job
 on disk that lists the same nodes (re-replication sends each job from every holder) is known
@@ -57,6 +59,7 @@ import contextlib
 import os
 import sqlite3
 from array import array
+from collections import Counter
 from collections.abc import Collection
 from operator import itemgetter
 from typing import Any
@@ -78,6 +81,12 @@ MERGE_SLICES = 16  # a merge step moves 1/MERGE_SLICES of the hash space
 SLICE_SHIFT = 64 - (MERGE_SLICES.bit_length() - 1)
 SLICE_BIAS = MERGE_SLICES // 2
 MERGE_ROWS = 512  # entries per statement of a merge step
+# segments kept in memory after a job of theirs was looked up by ID (`cached`): the next
+# lookups are most often in the same ones; and their data, once two of their jobs are read,
+# if no larger than CACHED_BYTES
+CACHED_SEGMENTS = 8
+CACHED_BYTES = 256 * 1024
+WHOLE_AT = 4  # jobs of a segment taken together that read its data whole (take_many)
 # an ID entry: the hash of a job ID, and the job's place (segment * CHUNK + position)
 _IDS_COLUMNS = "(h INTEGER PRIMARY KEY, at INTEGER NOT NULL)"
 
@@ -134,6 +143,9 @@ class OverflowStore:
         self.new: list[dict[int, int]] = [{} for _ in range(MERGE_SLICES)]
         self.fresh = 0  # entries in `new`
         self._merge = -1  # the next slice of a merge under way (-1: none)
+        # the segment a job was looked up in last (jobs are most often looked up by ID in
+        # the order they were written: a replica's copies as their SETACKs come)
+        self.cached: dict[int, _Segment] = {}  # by ID, the oldest first (CACHED_SEGMENTS)
         # the segments (lowest ID, highest ID) the jobs taken last came from
         self.took: tuple[int, int] = (0, 0)
 
@@ -171,6 +183,7 @@ class OverflowStore:
         self.jobs = self.bytes = self.chunks = self.stale = self.fresh = 0
         self.holes.clear()
         self._merge = -1
+        self.cached.clear()
         for part in self.new:
             part.clear()
 
@@ -296,7 +309,8 @@ class OverflowStore:
             size += sum(map(len, jobs))
             stale += len(jobs)
         gone = [row[0] for row in found]
-        db.execute(f"DELETE FROM chunks WHERE id IN ({', '.join('?' * len(gone))})", gone)
+        db.execute(f"DELETE FROM chunks WHERE id IN ({_marks(len(gone))})", gone)
+        self._forget(gone)
         if self.holes:
             for chunk in gone:
                 self.holes.pop(chunk, None)
@@ -317,33 +331,57 @@ class OverflowStore:
         """The dict of `new` for hash h (its slice of the hash space)."""
         return self.new[(h >> SLICE_SHIFT) + SLICE_BIAS]
 
-    def _entry(self, h: int) -> tuple[int, int, int, int, int, bool, int] | None:
-        """The live ID entry of hash h: segment, place, offset, length, fingerprint,
-        whether it is in `new` (looked at first), and the segment's job count; or None. An
-        entry whose segment came back whole, or whose job was taken alone (a hole), is
-        stale and skipped (the sweep removes the first kind)."""
+    def _segment(self, chunk: int) -> _Segment | None:
+        """A segment's job count, job lengths and fingerprints, from `cached` or read; None
+        when the segment is gone."""
+        seg = self.cached.get(chunk)
+        if seg is not None:
+            return seg
+        row = self.db.execute("SELECT count, lens, fps FROM chunks WHERE id = ?",
+                              (chunk,)).fetchone()
+        return self._keep(chunk, row) if row is not None else None
+
+    def _keep(self, chunk: int, row: tuple[int, bytes, bytes]) -> _Segment:
+        """A segment read (count, lens, fps) is kept in `cached`, in place of the oldest."""
+        cached = self.cached
+        if len(cached) >= CACHED_SEGMENTS:
+            del cached[next(iter(cached))]
+        seg = cached[chunk] = _Segment(chunk, *row)
+        return seg
+
+    def _forget(self, chunks: Collection[int]) -> None:
+        """Segments deleted: not in `cached` any more."""
+        cached = self.cached
+        if cached:
+            for chunk in chunks:
+                cached.pop(chunk, None)
+
+    def _entry(self, h: int) -> tuple[int, bool, _Segment] | None:
+        """The live ID entry of hash h: place in its segment, whether it is in `new`
+        (looked at first), and the segment (`_segment`); or None. An entry whose segment
+        came back whole, or whose job was taken alone (a hole), is stale and skipped (the
+        sweep removes the first kind)."""
         at = self._new_of(h).get(h)
-        row: tuple[int, int, bytes, bytes] | None = None
-        if at is not None:
-            row = self.db.execute("SELECT ?, count, lens, fps FROM chunks WHERE id = ?",
-                                  (at, at // CHUNK)).fetchone()
-        fresh = row is not None
-        if row is None:
-            row = self.db.execute("SELECT i.at, chunks.count, chunks.lens, chunks.fps FROM"
-                                  " ids AS i, chunks WHERE i.h = ? AND chunks.id = i.at / ?",
-                                  (h, CHUNK)).fetchone()
+        seg = self._segment(at // CHUNK) if at is not None else None
+        fresh = seg is not None
+        if seg is None:
+            # (one statement: the entry and its segment's count, lens and fps, read in the
+            # segment's first page)
+            row = self.db.execute("SELECT i.at, c.count, c.lens, c.fps FROM ids AS i, chunks AS c"
+                                  " WHERE i.h = ? AND c.id = i.at / ?", (h, CHUNK)).fetchone()
             if row is None:
                 return None
-        at, count, lens_raw, fps_raw = row
-        chunk, pos = divmod(at, CHUNK)
-        holes = self.holes.get(chunk)
+            at = int(row[0])
+            chunk = at // CHUNK
+            seg = self.cached.get(chunk)
+            if seg is None:
+                seg = self._keep(chunk, row[1:])
+        assert at is not None
+        pos = at % CHUNK
+        holes = self.holes.get(seg.id)
         if holes is not None and pos in holes:
             return None
-        lens = array("I")
-        lens.frombytes(lens_raw)
-        fps = array("q")
-        fps.frombytes(fps_raw)
-        return chunk, pos, sum(lens[:pos]), lens[pos], fps[pos], fresh, count
+        return pos, fresh, seg
 
     def _find(self, job_id: bytes) -> tuple[int, int, int, bytes, bool, int] | None:
         """Where a job is (segment, place, length), its data, whether its ID entry is in
@@ -351,14 +389,26 @@ class OverflowStore:
         entry = self._entry(hash(job_id))
         if entry is None:
             return None
-        chunk, pos, off, n, _, fresh, count = entry
-        with self.db.blobopen("chunks", "data", chunk, readonly=True) as blob:
-            blob.seek(off)
-            data = blob.read(n)
+        pos, fresh, seg = entry
+        lens = seg.lens
+        off = sum(lens[:pos])
+        n = lens[pos]
+        if seg.data:
+            data = seg.data[off:off + n]
+        elif seg.reads and sum(lens) <= CACHED_BYTES:
+            # a second job read from the segment: the next ones are likely to be too
+            seg.data = self.db.execute("SELECT data FROM chunks WHERE id = ?",
+                                       (seg.id,)).fetchone()[0]
+            data = seg.data[off:off + n]
+        else:  # (only this job's bytes, with SQLite's incremental blob I/O)
+            with self.db.blobopen("chunks", "data", seg.id, readonly=True) as blob:
+                blob.seek(off)
+                data = blob.read(n)
+        seg.reads += 1
         # (a hash shared with another job's)
         if job_id_of(data) != job_id:
             return None
-        return chunk, pos, n, data, fresh, count
+        return seg.id, pos, n, data, fresh, seg.count
 
     def get(self, job_id: bytes) -> bytes | None:
         """One job's data by ID, left on disk; None when it is not here."""
@@ -368,7 +418,7 @@ class OverflowStore:
     def holds(self, job_id: bytes, fp: int) -> bool:
         """Whether the job is here listing the nodes `fp` stands for (`fingerprint`)."""
         entry = self._entry(hash(job_id))
-        return entry is not None and entry[4] == fp
+        return entry is not None and entry[2].fps[entry[0]] == fp
 
     def take(self, job_id: bytes) -> bytes | None:
         """Remove one job by ID; its data, or None when it is not here."""
@@ -376,24 +426,120 @@ class OverflowStore:
         if found is None:
             return None
         chunk, pos, n, data, fresh, count = found
-        holes = self.holes.setdefault(chunk, set())
-        holes.add(pos)
-        if len(holes) >= count:  # its last job: the segment goes
+        if self._taken(chunk, pos, count, hash(job_id), fresh):
             self.db.execute("DELETE FROM chunks WHERE id = ?", (chunk,))
+            self._forget((chunk,))
+        self.bytes -= n
+        self.took = (chunk, chunk)
+        self._emptied()
+        return data
+
+    def take_many(self, job_ids: Collection[bytes]) -> list[bytes]:
+        """Remove the jobs with these IDs that are here; their data, in no given order. As
+        `take` for each, with a statement for their ID entries and one for their segments
+        (a replica's SETACKs come a bus frame's worth at a time)."""
+        db = self.db
+        new = self.new
+        at_of: dict[bytes, int] = {}  # job ID -> place
+        fresh: set[bytes] = set()  # (their entry is in `new`)
+        by_hash: dict[int, bytes] = {}  # the others, to look up in ids
+        for job_id in job_ids:
+            h = hash(job_id)
+            at = new[(h >> SLICE_SHIFT) + SLICE_BIAS].get(h)
+            if at is None:
+                by_hash[h] = job_id
+            else:
+                at_of[job_id] = at
+                fresh.add(job_id)
+        hashes = list(by_hash)
+        for i in range(0, len(hashes), MERGE_ROWS):
+            part = hashes[i:i + MERGE_ROWS]
+            for h, at in db.execute(f"SELECT h, at FROM ids WHERE h IN ({_marks(len(part))})",
+                                    part):
+                at_of[by_hash[h]] = at
+        if not at_of:
+            return []
+        wanted = Counter(at // CHUNK for at in at_of.values())
+        chunks = sorted(wanted)
+        # a segment's data is read whole for WHOLE_AT of its jobs (if no larger than
+        # CACHED_BYTES), else each job's bytes alone: jobs that came together are most
+        # often in as many segments (a replica's copies go to disk by registry shard)
+        segs: dict[int, tuple[int, array[int], bytes | None]] = {}  # id: count, lens, data
+        for i in range(0, len(chunks), MERGE_ROWS):
+            part = chunks[i:i + MERGE_ROWS]
+            whole = [c for c in part if wanted[c] >= WHOLE_AT]
+            for chunk, count, lens_raw, data in db.execute(
+                    "SELECT id, count, lens, CASE WHEN length(data) <= ?"
+                    f" AND id IN ({_marks(len(whole))}) THEN data END"
+                    f" FROM chunks WHERE id IN ({_marks(len(part))})",
+                    (CACHED_BYTES, *whole, *part)):
+                lens = array("I")
+                lens.frombytes(lens_raw)
+                segs[chunk] = (count, lens, data)
+        out: list[bytes] = []
+        gone: list[int] = []
+        stale: list[bytes] = []  # found in `new`, in a segment that is gone
+        size = 0
+        for job_id, at in at_of.items():
+            chunk, pos = divmod(at, CHUNK)
+            seg = segs.get(chunk)
+            if seg is None:
+                if job_id in fresh and chunk not in gone:
+                    stale.append(job_id)
+                continue
+            holes = self.holes.get(chunk)
+            if holes is not None and pos in holes:
+                continue  # (taken already)
+            count, lens, blob = seg
+            off = sum(lens[:pos])
+            n = lens[pos]
+            if blob is not None:
+                data = blob[off:off + n]
+            else:  # (this job's bytes alone)
+                with db.blobopen("chunks", "data", chunk, readonly=True) as b:
+                    b.seek(off)
+                    data = b.read(n)
+            if job_id_of(data) != job_id:
+                continue  # (a hash shared with another job's)
+            if self._taken(chunk, pos, count, hash(job_id), job_id in fresh):
+                gone.append(chunk)  # (its last job: its other entries are stale)
+                del segs[chunk]
+            out.append(data)
+            size += n
+        if gone:
+            db.execute(f"DELETE FROM chunks WHERE id IN ({_marks(len(gone))})", gone)
+            self._forget(gone)
+        self.bytes -= size
+        self._emptied()
+        lo, hi = chunks[0], chunks[-1]
+        for job_id in stale:  # (as `take` does, looked up in ids: once the rest is done)
+            data = self.take(job_id)
+            if data is not None:
+                out.append(data)
+                lo, hi = min(lo, self.took[0]), max(hi, self.took[1])
+        self.took = (lo, hi)  # (every job's segment is in the range: see `took`)
+        return out
+
+    def _taken(self, chunk: int, pos: int, count: int, h: int, fresh: bool) -> bool:
+        """A job taken alone out of its segment (of `count` jobs), its ID entry (hash h)
+        found in `new` or not: it is a hole of the segment; True when it was the segment's
+        last job (the caller deletes the segment)."""
+        holes = self.holes.get(chunk)
+        if holes is None:
+            holes = self.holes[chunk] = set()
+        holes.add(pos)
+        last = len(holes) >= count
+        if last:
             del self.holes[chunk]
             self.chunks -= 1
-        h = hash(job_id)
         if fresh:
             del self._new_of(h)[h]
             self.fresh -= 1
         else:
             self.stale += 1  # (its entry in ids goes with the segment's)
         self.jobs -= 1
-        self.bytes -= n
         self.read += 1
-        self.took = (chunk, chunk)
-        self._emptied()
-        return data
+        return last
 
     def _segments(self, where: str, params: tuple[object, ...],
                   n: int) -> tuple[list[Segment], tuple[Any, ...] | None]:
@@ -494,6 +640,27 @@ class OverflowStore:
 
 
 _INSERTS: dict[int, str] = {}
+
+
+class _Segment:
+    """A segment looked up in by ID (`OverflowStore.cached`)."""
+
+    __slots__ = ("count", "data", "fps", "id", "lens", "reads")
+
+    def __init__(self, chunk: int, count: int, lens_raw: bytes, fps_raw: bytes) -> None:
+        self.id = chunk
+        self.count = count
+        self.lens = array("I")  # the lengths of its jobs' data
+        self.lens.frombytes(lens_raw)
+        self.fps = array("q")  # the fingerprints of its jobs' listed nodes
+        self.fps.frombytes(fps_raw)
+        self.data = b""  # read once a second job of it is (if no more than CACHED_BYTES)
+        self.reads = 0  # jobs read from it by ID
+
+
+def _marks(n: int) -> str:
+    """n comma-separated SQL parameters."""
+    return ", ".join("?" * n)
 
 
 def _insert_ids(n: int) -> str:

@@ -284,6 +284,19 @@ class SimCluster(SimNetwork):
         if self.jobnodes and node.state != "down":
             self._after_job_event(node)
 
+    def _prefetch(self, node: SimNode, msgs: list[Message]) -> None:
+        """As Iteration.prefetch: a frame's job messages from members read their jobs on
+        disk back together."""
+        if not self.jobnodes or not self.jobnodes[node.idx].on_disk:
+            return
+        heard: list[Message] = []
+        for msg in msgs:
+            known = node.membership.get(msg.header.sender)
+            if msg.TYPE in JOB_TYPES and known is not None and not known.bits & HANDSHAKE:
+                heard.append(msg)
+        if heard:
+            self._call(node, self.jobnodes[node.idx].prefetch, heard)
+
     def _deliver(self, node: SimNode, dest: SimLink, msg: Message, peer_ip: bytes) -> None:
         if msg.TYPE not in JOB_TYPES:
             super()._deliver(node, dest, msg, peer_ip)

@@ -304,7 +304,9 @@ class SimNetwork:
             self._call(node, node.membership.link_closed, dest)
             return
         _, frame, peer_ip = item
-        for msg in dest.decoder.feed(frame):
+        msgs = dest.decoder.feed(frame)
+        self._prefetch(node, msgs)
+        for msg in msgs:
             if self.check and isinstance(msg, _GossipMessage):
                 self._note_reports(node.membership.myself, msg)
             self._delivering = msg
@@ -314,6 +316,10 @@ class SimNetwork:
                 self._delivering = None
             if not dest.open:
                 break
+
+    def _prefetch(self, node: SimNode, msgs: list[Message]) -> None:
+        """The messages of a frame, before they are delivered one at a time (subclasses
+        hand them to the job layer, as the server's Bus does)."""
 
     def _deliver(self, node: SimNode, dest: SimLink, msg: Message, peer_ip: bytes) -> None:
         """Hand one decoded message to the node (subclasses route the job messages)."""

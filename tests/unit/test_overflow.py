@@ -235,6 +235,79 @@ def test_a_merge_refused_by_a_full_store_keeps_the_entries_found(tmp_path: Path,
     assert all(store.get(b"j%d" % i) == _row(i)[6] for i in range(0, put, 13))
 
 
+def test_the_segment_read_last_serves_the_next_reads_and_goes_with_the_segment(
+        tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Jobs read by ID in the order they were written come from the segment kept in memory
+    (`cached`); its jobs taken, its deletion and a segment too large to keep change nothing
+    of what the reads answer."""
+    monkeypatch.setattr(store_module, "MERGE_AT", 1)
+    store = OverflowStore(str(tmp_path / "s.db"))
+    store.put([_row(i) for i in range(3 * CHUNK)])
+    for _ in range(store_module.MERGE_SLICES):
+        store.merge_step()  # (every entry in ids: the lookup that reads the segment too)
+    assert store.fresh == 0
+    for i in range(CHUNK // 2):
+        assert store.take(b"j%d" % i) == _row(i)[6]
+    seg = store.cached.get(store.last_chunk - 2)
+    assert seg is not None and seg.data
+    assert store.get(b"j3") is None and store.get(b"j40") == _row(40)[6]
+    assert store.holds(b"j41", 0) and not store.holds(b"j2", 0)  # (fingerprint 0 in _row)
+    # the segment comes back whole: what was kept of it goes, its entries are stale
+    assert len(store.take_oldest(b"q", 1)[0]) == CHUNK - CHUNK // 2
+    assert seg.id not in store.cached
+    assert store.get(b"j40") is None and store.take(b"j41") is None
+    # a job back in memory, then written again: found at its new place, not the kept one
+    assert store.take(b"j%d" % CHUNK) == _row(CHUNK)[6] and store.cached
+    store.put([_row(CHUNK)])
+    assert store.take(b"j%d" % CHUNK) == _row(CHUNK)[6] and store.take(b"j%d" % CHUNK) is None
+    # a segment larger than CACHED_BYTES: its jobs are read alone, its data never kept
+    big = [(b"b%d" % i, b"q", 10**6 + i, 10**9, b"", 1,
+            pack_job(Job(b"b%d" % i, b"q", b"x" * (store_module.CACHED_BYTES // 8), 1, 1, 2,
+                         0, 1, ())), 0) for i in range(CHUNK)]
+    store.put(big)
+    big_id = store.last_chunk
+    for i in range(CHUNK):
+        assert store.take(b"b%d" % i) == big[i][6]
+        assert big_id not in store.cached or not store.cached[big_id].data
+    assert store.jobs == 2 * CHUNK - 1
+    # reads going round more segments than are kept: each answers its own job
+    n = (store_module.CACHED_SEGMENTS + 2) * CHUNK
+    rows = [_row(i) for i in range(10_000, 10_000 + n)]
+    store.put(rows)
+    for k in range(CHUNK):
+        for i in range(k, n, CHUNK):
+            assert store.get(rows[i][0]) == rows[i][6]
+    assert len(store.cached) == store_module.CACHED_SEGMENTS
+
+
+def test_jobs_taken_together_are_taken_as_one_by_one(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """take_many answers what `take` for each ID would, and leaves the same store: IDs in
+    `new` and in ids, in several segments, taken already, never there, repeated, and the
+    last jobs of a segment (it goes)."""
+    monkeypatch.setattr(store_module, "MERGE_AT", 1)
+    rng = random.Random(7)
+    one = OverflowStore(str(tmp_path / "one.db"))
+    many = OverflowStore(str(tmp_path / "many.db"))
+    n = 5 * CHUNK
+    for store in (one, many):
+        store.put([_row(i) for i in range(3 * CHUNK)])
+        for _ in range(store_module.MERGE_SLICES // 2):
+            store.merge_step()  # (some entries in ids, the others in new)
+        store.put([_row(i) for i in range(3 * CHUNK, n)])
+        store.take(b"j5")
+    assert 0 < one.fresh < n
+    for _ in range(12):
+        ids = [b"j%d" % rng.randrange(n + 20) for _ in range(rng.randrange(1, 90))]
+        expected = [d for d in (one.take(i) for i in dict.fromkeys(ids)) if d is not None]
+        assert sorted(many.take_many(ids)) == sorted(expected)
+        for attr in ("jobs", "bytes", "chunks", "fresh", "stale", "read"):
+            assert getattr(many, attr) == getattr(one, attr), attr
+        assert many.holes == one.holes
+    left = [b"j%d" % i for i in range(n)]
+    assert sorted(many.take_many(left)) == sorted(d for d in map(one.take, left) if d)
+    assert many.jobs == one.jobs == 0 and many.chunks == one.chunks == 0
+
+
 def _row(i: int) -> Row:
     job_id = b"j%d" % i
     return (job_id, b"q", i, 10**9, b"", 1, pack_job(_job(job_id)), 0)

@@ -462,9 +462,9 @@ def test_a_job_back_from_disk_is_rechecked_only_where_the_disk_walk_missed_it(tm
     assert store is not None
     segment: dict[int, list[bytes]] = {}
     for j in jids:
-        entry = store._entry(hash(j))  # (its segment first)
+        entry = store._entry(hash(j))  # (place, fresh, its segment)
         assert entry is not None
-        chunk = entry[0]
+        chunk = entry[2].id
         segment.setdefault(chunk, []).append(j)
     s1, s2, s3 = sorted(segment)[:3]
     rr = node.rereplication
