@@ -78,8 +78,8 @@ class AofManager:
         """Called before the listeners open, with the values the node started with (a
         CONFIG SET served while it starts does not change this start). A client served
         from the first accepted command on sees the whole loading state: -LOADING, and in
-        INFO the loading_* fields of the file about to be loaded. Raises OSError when the
-        AOF exists but cannot be read."""
+        INFO the loading_* fields of the file about to be loaded. Raises AofLoadError when
+        the AOF exists but cannot be opened."""
         self.start_with = (appendonly, enqueue_once)
         # -LOADING until the AOF is loaded *and* open for writing: a write accepted earlier
         # would be acknowledged and never logged.

@@ -143,8 +143,8 @@ class OverflowStore:
         self.new: list[dict[int, int]] = [{} for _ in range(MERGE_SLICES)]
         self.fresh = 0  # entries in `new`
         self._merge = -1  # the next slice of a merge under way (-1: none)
-        # the segment a job was looked up in last (jobs are most often looked up by ID in
-        # the order they were written: a replica's copies as their SETACKs come)
+        # the segments jobs were looked up in last (jobs are most often looked up by ID in
+        # about the order they were written: a replica's copies as their SETACKs come)
         self.cached: dict[int, _Segment] = {}  # by ID, the oldest first (CACHED_SEGMENTS)
         # the segments (lowest ID, highest ID) the jobs taken last came from
         self.took: tuple[int, int] = (0, 0)
