@@ -76,10 +76,12 @@ HOT_MODULES: Final = (
     # the loop's per-iteration work: bus routing and delivery, deferred replies, the loop
     # timer, the clock (interpreted in server.py, several calls per job)
     "disque.iteration",
-    # overflow to disk: the spill (rows built, jobs forgotten) and a job's row data are
-    # per job while a backlog overflows; the store stays interpreted (its work is SQLite's)
+    # overflow to disk: the spill (rows built, jobs forgotten), a job's row data, and the
+    # store's per-job work around SQLite (a segment's columns, the places of jobs taken by
+    # ID) while a backlog overflows or drains
     "disque.overflow.record",
     "disque.overflow.spill",
+    "disque.overflow.store",
 )
 
 # mypyc's group: the shared library of the compiled code, disque/_hot__mypyc*.so (in the
