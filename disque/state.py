@@ -34,7 +34,7 @@ Invariants:
 from __future__ import annotations
 
 import random
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Collection, Iterable
 from typing import Final, Protocol
 
@@ -69,6 +69,7 @@ COLLECTED_MAX = 100_000  # IDs of collected jobs kept to answer reloaded copies 
 # server's fixed structures.
 QUEUE_MEMORY: Final = 900
 BASE_MEMORY: Final = 1024 * 1024
+NO_SPILL: Final = 1 << 62  # NodeState.spill_at with overflow off
 
 
 class Persistence(Protocol):
@@ -133,7 +134,12 @@ class NodeState:
         # Overflow (disque.overflow): jobs on disk now (a registry miss asks the disk while
         # there are some), and the memory estimate above which jobs go there.
         self.on_disk = 0
-        self.spill_at = 1 << 62
+        self.spill_at = NO_SPILL
+        # with overflow on, the IDs of the active jobs in the order they were registered: a
+        # spill of active jobs takes the oldest first, so that the jobs of a segment on
+        # disk came together, and come back together (a replica's copies, as their SETACKs
+        # come). IDs of jobs gone meanwhile are skipped, and pruned (Overflow.tick).
+        self.arrivals: deque[bytes] = deque()
         self.out: list[tuple[bytes, Message]] = []  # bus messages to send: (node id, msg)
         self.on_out = on_out  # called when the outbox goes from empty to non-empty
         # NEEDJOBS that found nothing: queue -> {node: (until ms, count)}; jobs queued
@@ -341,6 +347,8 @@ class NodeState:
         self.jshards[hash(job.id) & self.jmask][job.id] = job
         self.jobs.size += 1
         self.mem_used += JOB_MEMORY + len(job.body or b"")
+        if self.spill_at < NO_SPILL and job.state == ACTIVE:
+            self.arrivals.append(job.id)
 
     def unregister(self, job: Job) -> None:
         """Delete the job from memory and, if queued, from its queue (spec: UNREGISTER)."""

@@ -44,7 +44,7 @@ from disque.cluster.records import job_record
 from disque.jobs.job import ACTIVE, F_RELOADED, JOB_MEMORY, WAIT_REPL, Job
 from disque.protocol.errors import CommandError, leaving
 from disque.queues.queue import PAUSE_IN, Queue
-from disque.state import NodeState
+from disque.state import NO_SPILL, NodeState
 
 REPL_RETRY_MS: Final = 50  # one more target every 50 ms while a sync ADDJOB is short
 
@@ -495,6 +495,8 @@ class JobReplication:
         started = st.start_ctime
         older = self.older
         oldest = 1 << 62
+        # (as register(): the copies added while overflow is on)
+        arrivals = st.arrivals if st.spill_at < NO_SPILL else None
         for rec in recs:
             job_id, queue, body, repl, ttl_ms, ctime, delay, retry, nacks, deliv, \
                 rec_delivered, dl = rec
@@ -557,6 +559,8 @@ class JobReplication:
                 schedule(job, etime)
             added += 1
             mem += JOB_MEMORY + len(body)
+            if arrivals is not None:
+                arrivals.append(job_id)
             if persist is not None:
                 persist.loadjob(job)
             if ctime < started:

@@ -49,6 +49,7 @@ node stops spilling for FULL_RETRY_MS and its memory rules apply as without over
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Callable, Collection
 from typing import Final
 
@@ -58,7 +59,7 @@ from disque.jobs.job import ACTIVE, F_DUMMY, F_RELOADED, JOB_MEMORY, QUEUED, Job
 from disque.overflow.record import pack_job, unpack_job
 from disque.overflow.store import OverflowFull, OverflowStore, Row, fingerprint
 from disque.queues.queue import PAUSE_OUT, Queue
-from disque.state import NodeState
+from disque.state import NO_SPILL, NodeState
 from disque.timers import Timer
 
 log = structlog.get_logger("disque.overflow")
@@ -74,6 +75,9 @@ EXPIRE_PERIOD: Final = 100  # ms between looks for expired jobs on disk
 FULL_RETRY_MS: Final = 1000  # after a refused write, no spill before this
 ACTIVE_SHARDS: Final = 512  # registry shards one spill of active jobs looks at, at most
 ACTIVE_ROUNDS: Final = 8  # spills of active jobs per tick, at most
+# NodeState.arrivals is pruned once it holds this many more IDs than a quarter above the
+# jobs in memory
+ARRIVALS_SLACK: Final = 4096
 # an active job whose timer wants it back sooner than this (ms; its requeue, or the
 # WILLQUEUE before it) stays in memory: it would come back before its place on disk paid
 # for the write and the read (with RETRY 2, chaos runs wrote each job ~5 times)
@@ -126,7 +130,8 @@ class Overflow:
     def disable(self) -> None:
         """Stop spilling; what is on disk comes back as it is asked for, and the store
         closes once empty (at once when nothing is on it)."""
-        self.state.spill_at = 1 << 62
+        self.state.spill_at = NO_SPILL
+        self.state.arrivals.clear()
         self.write_fresh()
         if self.store is not None and not self.store.jobs:
             self.store.close()
@@ -134,7 +139,7 @@ class Overflow:
 
     def _update_limit(self) -> None:
         mm = self.state.maxmemory
-        self.state.spill_at = mm * self.threshold // 100 if mm and self.store else 1 << 62
+        self.state.spill_at = mm * self.threshold // 100 if mm and self.store else NO_SPILL
 
     # ------------------------------------------------------------------ the tick
     def tick(self, now: int) -> None:
@@ -146,16 +151,31 @@ class Overflow:
         if state.mem_used > state.spill_at and now >= self.full_until:
             self.spill(now)
         store.merge_step()
+        size = state.jobs.size
+        if len(state.arrivals) > size + (size >> 2) + ARRIVALS_SLACK:
+            self._prune_arrivals()
         if store.jobs and now - self._last_expire >= EXPIRE_PERIOD:
             self._last_expire = now
             self.wake_due(now)
             store.sweep()
-        if not store.jobs and state.spill_at >= 1 << 62:
+        if not store.jobs and state.spill_at >= NO_SPILL:
             store.close()  # turned off and drained
             self.store = None
             return
         busy = bool(store.jobs) or bool(self.fresh) or state.mem_used > state.spill_at
         state.wheel.schedule(self._timer, now + (SPILL_PERIOD if busy else IDLE_PERIOD))
+
+    def _prune_arrivals(self) -> None:
+        """Drop from `NodeState.arrivals` the IDs of jobs gone or no longer active (they
+        outnumber the live ones by a quarter: jobs acked while in memory), in order."""
+        state = self.state
+        table = state.jobs
+        live: deque[bytes] = deque()
+        for job_id in state.arrivals:
+            job = table.get(job_id)
+            if job is not None and job.state == ACTIVE:
+                live.append(job_id)
+        state.arrivals = live
 
     # ------------------------------------------------------------------ to disk
     def spill(self, now: int) -> int:
@@ -230,8 +250,9 @@ class Overflow:
 
     def _spill_active(self, target: int, now: int) -> int:
         """Active jobs (copies held for other nodes, jobs delivered or waiting for their
-        requeue or delay), a bounded walk of the registry from where the last one stopped;
-        the number moved, -1 when the store refused them."""
+        requeue or delay): first the oldest of those registered while memory was over the
+        threshold (`NodeState.arrivals`), then a bounded walk of the registry from where
+        the last one stopped; the number moved, -1 when the store refused them."""
         state = self.state
         table = state.jobs
         n = table.shard_count()
@@ -241,16 +262,29 @@ class Overflow:
         pinned = self.pinned
         next_wake = state.next_wake
         soon = now + ACTIVE_MIN_AWAY
-        for _ in range(min(ACTIVE_SHARDS, n)):  # (a shard seen twice: its jobs spilled twice)
+        arrivals = state.arrivals
+        chosen: set[bytes] = set()  # (an ID can be in `arrivals` twice, or found twice)
+        while arrivals and len(jobs) < want:
+            # (a job not to move now is dropped from the order: the walk finds it later)
+            job = table.get(arrivals.popleft())
+            if job is not None and job.state == ACTIVE and job.id not in chosen and \
+                    not pinned(job.id):
+                wake = next_wake(job)
+                if wake >= soon:
+                    chosen.add(job.id)
+                    jobs.append(job)
+                    rows.append(_active_row(job, wake))
+        for _ in range(min(ACTIVE_SHARDS, n) if len(jobs) < want else 0):
+            # (a shard seen twice: its jobs spilled twice)
             shard = table.shard(self._jcursor)
             self._jcursor = (self._jcursor + 1) % n
             for job in shard.values():
-                if job.state == ACTIVE and not pinned(job.id):
+                if job.state == ACTIVE and job.id not in chosen and not pinned(job.id):
                     wake = next_wake(job)
                     if wake >= soon:
+                        chosen.add(job.id)
                         jobs.append(job)
-                        rows.append((job.id, b"", job.ctime, wake, b"".join(job.delivered),
-                                     _copyable(job), pack_job(job), _fingerprint(job)))
+                        rows.append(_active_row(job, wake))
             if len(jobs) >= want:
                 break
         if not jobs:
@@ -522,6 +556,12 @@ def _queued_rows(jobs: list[Job]) -> list[Row]:
         rows.append((job.id, queue, job.ctime, job.etime, b"".join(job.delivered),
                      _copyable(job), pack_job(job), _fingerprint(job)))
     return rows
+
+
+def _active_row(job: Job, wake: int) -> Row:
+    """The store's row of an active job (not queued here) whose timer wants it at `wake`."""
+    return (job.id, b"", job.ctime, wake, b"".join(job.delivered), _copyable(job),
+            pack_job(job), _fingerprint(job))
 
 
 def _copyable(job: Job) -> int:

@@ -1,12 +1,15 @@
-"""Node.prefetch (issue 22's overflow): the job messages of one bus read name jobs on disk;
-the ones their handlers would read back one at a time are read back together first. A node
-that does so must answer, and end up, exactly as one whose handlers read each job alone."""
+"""Reading back the jobs on disk that bus messages name (issue 22's overflow, a 3-node
+backlog draining). Node.prefetch: the job messages of one bus read name jobs on disk; the
+ones their handlers would read back one at a time are read back together first. A node that
+does so must answer, and end up, exactly as one whose handlers read each job alone. And a
+replica's copies go to disk in the order they came, so that they come back together."""
 
 from __future__ import annotations
 
 import random
 from pathlib import Path
 
+import msgpack
 import pytest
 
 from disque.cluster.messages import (
@@ -17,12 +20,14 @@ from disque.cluster.messages import (
     Header,
     Message,
     Queued,
+    ReplJob,
     SetAck,
     WillQueue,
     WorkingJob,
     YourJobs,
 )
 from disque.cluster.records import job_record
+from disque.jobs.job import Job
 from disque.overflow import store as store_module
 from disque.overflow.store import CHUNK
 from tests.unit.noderig import ME, NodeRig
@@ -113,3 +118,53 @@ def test_a_read_s_messages_answer_the_same_with_their_jobs_read_back_together(
         one.now += 50
         many.now += 50
     assert read_back > 20  # (the prefetch did read jobs back)
+
+
+def test_a_replica_s_copies_go_to_disk_in_the_order_they_came(tmp_path: Path) -> None:
+    """Active jobs move to disk oldest first (NodeState.arrivals), so that a segment holds
+    copies that came together, as their SETACKs come later. Found by walking the registry
+    (by shard, as before), a segment held copies from across everything in memory: a
+    bus read's 65 SETACKs named jobs of 45 segments on average, each read alone."""
+    r = NodeRig(IPS)
+    node = r.node
+    node.repair.rate = 0
+    node.maxmemory = 8 << 20
+    node.overflow.enable(str(tmp_path / "jobs.db"), 25, 0)  # over 2 MB: to disk
+    n = 8000
+    for i in range(n):
+        job = Job(b"D-" + B[:8] + b"-%024d-05a1" % i, b"q", b"x" * 200, 3,
+                  r.now * 1_000_000 + i, r.now + 3_600_000, 0, 300, (A, B))
+        node.on_message(B, ReplJob(Header(B, IPS[B], 7711, 17711, 0), job_record(job, r.now)))
+        if i % 50 == 49:
+            r.cron()  # (its spills)
+    store = node.overflow.store
+    assert store is not None and store.chunks > 20 and node.on_disk > n // 2
+    spans = []
+    for (meta,) in store.db.execute("SELECT meta FROM chunks"):
+        arrived = [int(job_id[11:35]) for job_id, _, _ in msgpack.unpackb(meta)]
+        spans.append(max(arrived) - min(arrived))
+    assert max(spans) < 2 * CHUNK, spans  # (walked by shard: spans of thousands)
+
+
+def test_the_arrival_order_forgets_the_jobs_gone_while_in_memory(tmp_path: Path) -> None:
+    """With overflow on and memory under the threshold nothing moves to disk, and copies
+    come and go: the order of arrivals must not keep their IDs (Overflow.tick prunes it)."""
+    r = NodeRig(IPS)
+    node = r.node
+    node.repair.rate = 0
+    node.maxmemory = 1 << 30
+    node.overflow.enable(str(tmp_path / "jobs.db"), 50, 0)
+    header = Header(B, IPS[B], 7711, 17711, 0)
+    for k in range(3):
+        ids = []
+        for i in range(6000):
+            job = Job(b"D-" + B[:8] + b"-%024d-05a1" % (k * 6000 + i), b"q", b"body", 3,
+                      r.now * 1_000_000 + i, r.now + 3_600_000, 0, 300, (A, B))
+            node.on_message(B, ReplJob(header, job_record(job, r.now)))
+            ids.append(job.id)
+        for job_id in ids[:5000]:
+            node.on_message(B, DelJob(header, job_id, 0))  # (collected: gone)
+        r.cron()
+        assert len(node.jobs) == 1000 * (k + 1) and node.on_disk == 0
+        assert len(node.arrivals) <= len(node.jobs) * 5 // 4 + 4096
+    assert set(node.arrivals) == {job.id for job in node.jobs.values()}
