@@ -135,7 +135,8 @@ class NodeState:
         # there are some), and the memory estimate above which jobs go there.
         self.on_disk = 0
         self.spill_at = NO_SPILL
-        # with overflow on, the IDs of the active jobs in the order they were registered: a
+        # with overflow on and memory over half of spill_at (so, none while a node stays
+        # far under it), the IDs of the active jobs in the order they were registered: a
         # spill of active jobs takes the oldest first, so that the jobs of a segment on
         # disk came together, and come back together (a replica's copies, as their SETACKs
         # come). IDs of jobs gone meanwhile are skipped, and pruned (Overflow.tick).
@@ -347,7 +348,7 @@ class NodeState:
         self.jshards[hash(job.id) & self.jmask][job.id] = job
         self.jobs.size += 1
         self.mem_used += JOB_MEMORY + len(job.body or b"")
-        if self.spill_at < NO_SPILL and job.state == ACTIVE:
+        if self.mem_used > self.spill_at >> 1 and job.state == ACTIVE:
             self.arrivals.append(job.id)
 
     def unregister(self, job: Job) -> None:

@@ -44,7 +44,7 @@ from disque.cluster.records import job_record
 from disque.jobs.job import ACTIVE, F_RELOADED, JOB_MEMORY, WAIT_REPL, Job
 from disque.protocol.errors import CommandError, leaving
 from disque.queues.queue import PAUSE_IN, Queue
-from disque.state import NO_SPILL, NodeState
+from disque.state import NodeState
 
 REPL_RETRY_MS: Final = 50  # one more target every 50 ms while a sync ADDJOB is short
 
@@ -495,8 +495,8 @@ class JobReplication:
         started = st.start_ctime
         older = self.older
         oldest = 1 << 62
-        # (as register(): the copies added while overflow is on)
-        arrivals = st.arrivals if st.spill_at < NO_SPILL else None
+        # (as register(): the copies added while memory is near the overflow threshold)
+        arrivals = st.arrivals if st.mem_used > st.spill_at >> 1 else None
         for rec in recs:
             job_id, queue, body, repl, ttl_ms, ctime, delay, retry, nacks, deliv, \
                 rec_delivered, dl = rec

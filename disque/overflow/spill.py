@@ -140,6 +140,8 @@ class Overflow:
     def _update_limit(self) -> None:
         mm = self.state.maxmemory
         self.state.spill_at = mm * self.threshold // 100 if mm and self.store else NO_SPILL
+        if self.state.spill_at == NO_SPILL:
+            self.state.arrivals.clear()
 
     # ------------------------------------------------------------------ the tick
     def tick(self, now: int) -> None:

@@ -147,13 +147,19 @@ def test_a_replica_s_copies_go_to_disk_in_the_order_they_came(tmp_path: Path) ->
 
 
 def test_the_arrival_order_forgets_the_jobs_gone_while_in_memory(tmp_path: Path) -> None:
-    """With overflow on and memory under the threshold nothing moves to disk, and copies
-    come and go: the order of arrivals must not keep their IDs (Overflow.tick prunes it)."""
+    """With overflow on and memory near the threshold but under it, nothing moves to disk,
+    and copies come and go: the order of arrivals must not keep their IDs (Overflow.tick
+    prunes it). Far under the threshold, it is not kept at all."""
     r = NodeRig(IPS)
     node = r.node
     node.repair.rate = 0
-    node.maxmemory = 1 << 30
-    node.overflow.enable(str(tmp_path / "jobs.db"), 50, 0)
+    node.maxmemory = 32 << 20
+    node.overflow.enable(str(tmp_path / "jobs.db"), 50, 0)  # 16 MB; kept over 8 MB
+    early = Job(b"D-" + B[:8] + b"-%024d-05a1" % 99_999, b"q", b"body", 3,
+                r.now * 1_000_000, r.now + 3_600_000, 0, 300, (A, B))
+    node.on_message(B, ReplJob(Header(B, IPS[B], 7711, 17711, 0), job_record(early, r.now)))
+    assert not node.arrivals  # (memory far under the threshold)
+    node.add_job(b"big", b"x" * (9 << 20), 0, 1, 3600, 0, 0, None, True)  # 10 MB in all
     header = Header(B, IPS[B], 7711, 17711, 0)
     for k in range(3):
         ids = []
@@ -165,6 +171,7 @@ def test_the_arrival_order_forgets_the_jobs_gone_while_in_memory(tmp_path: Path)
         for job_id in ids[:5000]:
             node.on_message(B, DelJob(header, job_id, 0))  # (collected: gone)
         r.cron()
-        assert len(node.jobs) == 1000 * (k + 1) and node.on_disk == 0
+        assert len(node.jobs) == 1000 * (k + 1) + 2 and node.on_disk == 0
         assert len(node.arrivals) <= len(node.jobs) * 5 // 4 + 4096
-    assert set(node.arrivals) == {job.id for job in node.jobs.values()}
+    assert set(node.arrivals) == {job.id for job in node.jobs.values()
+                                  if job.queue == b"q"} - {early.id}
