@@ -462,8 +462,8 @@ class OverflowStore:
         wanted = Counter(at // CHUNK for at in at_of.values())
         chunks = sorted(wanted)
         # a segment's data is read whole for WHOLE_AT of its jobs (if no larger than
-        # CACHED_BYTES), else each job's bytes alone: jobs that came together are most
-        # often in as many segments (a replica's copies go to disk by registry shard)
+        # CACHED_BYTES), else each job's bytes alone (jobs named together can lie in as
+        # many segments: those a spill found by walking the registry, or a random mix)
         segs: dict[int, tuple[int, array[int], bytes | None]] = {}  # id: count, lens, data
         for i in range(0, len(chunks), MERGE_ROWS):
             part = chunks[i:i + MERGE_ROWS]
