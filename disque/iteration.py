@@ -74,10 +74,14 @@ class Iteration:
     def on_job_message(self, link: BusLink, msg: Message) -> None:
         """A job message arrived on the bus: only members of the cluster are heard."""
         sender = msg.header.sender
+        if self.heard(sender):
+            self.node.on_message(sender, msg)
+
+    def heard(self, sender: bytes) -> bool:
+        """Whether the job messages of `sender` are heard: a member of the cluster, not
+        unknown nor still in handshake."""
         n = self.membership.table.get(sender)
-        if n is None or n.bits & HANDSHAKE:  # unknown or still in handshake
-            return
-        self.node.on_message(sender, msg)
+        return n is not None and not n.bits & HANDSHAKE
 
     def prefetch(self, msgs: list[Message]) -> None:
         """Job messages arrived together on the bus: those of members read their jobs on
@@ -85,13 +89,7 @@ class Iteration:
         node = self.node
         if not node.on_disk:
             return
-        table = self.membership.table
-        heard: list[Message] = []
-        for msg in msgs:
-            n = table.get(msg.header.sender)
-            if n is not None and not n.bits & HANDSHAKE:
-                heard.append(msg)
-        node.prefetch(heard)
+        node.prefetch([msg for msg in msgs if self.heard(msg.header.sender)])
 
     def schedule_route(self) -> None:
         if not self.route_scheduled:

@@ -348,8 +348,13 @@ class NodeState:
         self.jshards[hash(job.id) & self.jmask][job.id] = job
         self.jobs.size += 1
         self.mem_used += JOB_MEMORY + len(job.body or b"")
-        if self.mem_used > self.spill_at >> 1 and job.state == ACTIVE:
+        if job.state == ACTIVE and self.keeps_arrivals():
             self.arrivals.append(job.id)
+
+    def keeps_arrivals(self) -> bool:
+        """Whether active jobs registered now go into `arrivals` (memory over half of the
+        overflow threshold)."""
+        return self.mem_used > self.spill_at >> 1
 
     def unregister(self, job: Job) -> None:
         """Delete the job from memory and, if queued, from its queue (spec: UNREGISTER)."""

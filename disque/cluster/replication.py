@@ -496,7 +496,7 @@ class JobReplication:
         older = self.older
         oldest = 1 << 62
         # (as register(): the copies added while memory is near the overflow threshold)
-        arrivals = st.arrivals if st.mem_used > st.spill_at >> 1 else None
+        arrivals = st.arrivals if st.keeps_arrivals() else None
         for rec in recs:
             job_id, queue, body, repl, ttl_ms, ctime, delay, retry, nacks, deliv, \
                 rec_delivered, dl = rec

@@ -130,8 +130,7 @@ class Overflow:
     def disable(self) -> None:
         """Stop spilling; what is on disk comes back as it is asked for, and the store
         closes once empty (at once when nothing is on it)."""
-        self.state.spill_at = NO_SPILL
-        self.state.arrivals.clear()
+        self._no_spill()
         self.write_fresh()
         if self.store is not None and not self.store.jobs:
             self.store.close()
@@ -139,9 +138,15 @@ class Overflow:
 
     def _update_limit(self) -> None:
         mm = self.state.maxmemory
-        self.state.spill_at = mm * self.threshold // 100 if mm and self.store else NO_SPILL
-        if self.state.spill_at == NO_SPILL:
-            self.state.arrivals.clear()
+        if mm and self.store:
+            self.state.spill_at = mm * self.threshold // 100
+        else:
+            self._no_spill()
+
+    def _no_spill(self) -> None:
+        """Nothing goes to disk (overflow off, or no maxmemory): no arrival order either."""
+        self.state.spill_at = NO_SPILL
+        self.state.arrivals.clear()
 
     # ------------------------------------------------------------------ the tick
     def tick(self, now: int) -> None:
@@ -266,27 +271,26 @@ class Overflow:
         soon = now + ACTIVE_MIN_AWAY
         arrivals = state.arrivals
         chosen: set[bytes] = set()  # (an ID can be in `arrivals` twice, or found twice)
-        while arrivals and len(jobs) < want:
-            # (a job not to move now is dropped from the order: the walk finds it later)
-            job = table.get(arrivals.popleft())
-            if job is not None and job.state == ACTIVE and job.id not in chosen and \
-                    not pinned(job.id):
+
+        def pick(job: Job) -> None:
+            if job.state == ACTIVE and job.id not in chosen and not pinned(job.id):
                 wake = next_wake(job)
                 if wake >= soon:
                     chosen.add(job.id)
                     jobs.append(job)
                     rows.append(_active_row(job, wake))
+
+        while arrivals and len(jobs) < want:
+            # (a job not to move now is dropped from the order: the walk finds it later)
+            job = table.get(arrivals.popleft())
+            if job is not None:
+                pick(job)
         for _ in range(min(ACTIVE_SHARDS, n) if len(jobs) < want else 0):
             # (a shard seen twice: its jobs spilled twice)
             shard = table.shard(self._jcursor)
             self._jcursor = (self._jcursor + 1) % n
             for job in shard.values():
-                if job.state == ACTIVE and job.id not in chosen and not pinned(job.id):
-                    wake = next_wake(job)
-                    if wake >= soon:
-                        chosen.add(job.id)
-                        jobs.append(job)
-                        rows.append(_active_row(job, wake))
+                pick(job)
             if len(jobs) >= want:
                 break
         if not jobs:

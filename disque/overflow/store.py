@@ -400,10 +400,8 @@ class OverflowStore:
             seg.data = self.db.execute("SELECT data FROM chunks WHERE id = ?",
                                        (seg.id,)).fetchone()[0]
             data = seg.data[off:off + n]
-        else:  # (only this job's bytes, with SQLite's incremental blob I/O)
-            with self.db.blobopen("chunks", "data", seg.id, readonly=True) as blob:
-                blob.seek(off)
-                data = blob.read(n)
+        else:
+            data = self._read_alone(seg.id, off, n)
         seg.reads += 1
         # (a hash shared with another job's)
         if job_id_of(data) != job_id:
@@ -473,9 +471,7 @@ class OverflowStore:
                     f" AND id IN ({_marks(len(whole))}) THEN data END"
                     f" FROM chunks WHERE id IN ({_marks(len(part))})",
                     (CACHED_BYTES, *whole, *part)):
-                lens = array("I")
-                lens.frombytes(lens_raw)
-                segs[chunk] = (count, lens, data)
+                segs[chunk] = (count, _lens(lens_raw), data)
         out: list[bytes] = []
         gone: list[int] = []
         stale: list[bytes] = []  # found in `new`, in a segment that is gone
@@ -493,12 +489,7 @@ class OverflowStore:
             count, lens, blob = seg
             off = sum(lens[:pos])
             n = lens[pos]
-            if blob is not None:
-                data = blob[off:off + n]
-            else:  # (this job's bytes alone)
-                with db.blobopen("chunks", "data", chunk, readonly=True) as b:
-                    b.seek(off)
-                    data = b.read(n)
+            data = blob[off:off + n] if blob is not None else self._read_alone(chunk, off, n)
             if job_id_of(data) != job_id:
                 continue  # (a hash shared with another job's)
             if self._taken(chunk, pos, count, hash(job_id), job_id in fresh):
@@ -519,6 +510,13 @@ class OverflowStore:
                 lo, hi = min(lo, self.took[0]), max(hi, self.took[1])
         self.took = (lo, hi)  # (every job's segment is in the range: see `took`)
         return out
+
+    def _read_alone(self, chunk: int, off: int, n: int) -> bytes:
+        """n bytes at `off` of a segment's data, and only those (SQLite's incremental blob
+        I/O)."""
+        with self.db.blobopen("chunks", "data", chunk, readonly=True) as blob:
+            blob.seek(off)
+            return blob.read(n)
 
     def _taken(self, chunk: int, pos: int, count: int, h: int, fresh: bool) -> bool:
         """A job taken alone out of its segment (of `count` jobs), its ID entry (hash h)
@@ -587,8 +585,7 @@ class OverflowStore:
         """The data of the jobs of a segment (id, count, lens, data) not taken already."""
         chunk, count, lens_raw, data = row
         taken = self.holes.get(chunk, ())
-        lens = array("I")
-        lens.frombytes(lens_raw)
+        lens = _lens(lens_raw)
         out: list[bytes] = []
         off = 0
         for pos in range(count):
@@ -650,12 +647,18 @@ class _Segment:
     def __init__(self, chunk: int, count: int, lens_raw: bytes, fps_raw: bytes) -> None:
         self.id = chunk
         self.count = count
-        self.lens = array("I")  # the lengths of its jobs' data
-        self.lens.frombytes(lens_raw)
+        self.lens = _lens(lens_raw)  # the lengths of its jobs' data
         self.fps = array("q")  # the fingerprints of its jobs' listed nodes
         self.fps.frombytes(fps_raw)
         self.data = b""  # read once a second job of it is (if no more than CACHED_BYTES)
         self.reads = 0  # jobs read from it by ID
+
+
+def _lens(raw: bytes) -> array[int]:
+    """A segment's `lens` column: the lengths of its jobs' data."""
+    lens = array("I")
+    lens.frombytes(raw)
+    return lens
 
 
 def _marks(n: int) -> str:

@@ -26,7 +26,7 @@ from disque.client import AsyncClient, Client, DisqueConnectionError
 from disque.jobs.job import ACTIVE, F_BCAST_QUEUED, Job
 from disque.jobs.serialize import deserialize_job
 from tests.harness import DisqueProcess, connect_at_once, wait_for
-from tests.integration.resp import Conn, Err, Status, encode, info, pairs
+from tests.integration.resp import Conn, Err, Status, encode, info, pairs, parse
 
 ALWAYS = ["--appendonly", "yes", "--appendfsync", "always"]
 EVERYSEC = ["--appendonly", "yes", "--appendfsync", "everysec"]
@@ -724,7 +724,7 @@ def test_a_client_served_as_soon_as_the_node_listens_sees_the_whole_loading_stat
             with connect_at_once(p) as s:
                 s.sendall(encode("INFO", "persistence"))
                 lines = dict(line.split(":", 1) for line in
-                             read_bulk(s).decode().split("\r\n")[1:] if line)
+                             read_reply(s).decode().split("\r\n")[1:] if line)
             if lines["loading"] == "1":
                 assert list(lines) == PERSISTENCE_BASE + PERSISTENCE_LOADING, lines
                 assert int(lines["loading_total_bytes"]) == total
@@ -734,17 +734,14 @@ def test_a_client_served_as_soon_as_the_node_listens_sees_the_whole_loading_stat
             p.kill()
 
 
-def read_bulk(s: socket.socket) -> bytes:
-    """One bulk string reply read from a raw socket."""
+def read_reply(s: socket.socket) -> Any:
+    """One reply read from a raw socket."""
     buf = b""
-    while b"\r\n" not in buf:
-        buf += s.recv(65536)
-    head, _, rest = buf.partition(b"\r\n")
-    assert head.startswith(b"$"), buf
-    size = int(head[1:])
-    while len(rest) < size + 2:
-        rest += s.recv(65536)
-    return rest[:size]
+    while (got := parse(buf)) is None:
+        chunk = s.recv(65536)
+        assert chunk, "connection closed"
+        buf += chunk
+    return got[0]
 
 
 def test_clients_get_loading_errors_until_a_large_aof_is_loaded(make_server) -> None:

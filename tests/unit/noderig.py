@@ -11,6 +11,8 @@ from disque.node import Node
 
 T0 = 1_700_000_000_000
 ME = b"0123abcd" + b"e" * 32
+A, B = (bytes([c]) * 40 for c in b"ab")  # two peers, and their addresses
+IPS = {A: b"10.0.0.2", B: b"10.0.0.3"}
 
 
 class NodeRig:

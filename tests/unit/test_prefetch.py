@@ -30,10 +30,8 @@ from disque.cluster.records import job_record
 from disque.jobs.job import Job
 from disque.overflow import store as store_module
 from disque.overflow.store import CHUNK
-from tests.unit.noderig import ME, NodeRig
+from tests.unit.noderig import IPS, ME, A, B, NodeRig
 
-A, B = (bytes([c]) * 40 for c in b"ab")
-IPS = {A: b"10.0.0.2", B: b"10.0.0.3"}
 JOB_ID_MESSAGES = (SetAck, GotAck, DelJob, EnqueueJob, Queued, WorkingJob, WillQueue, GotJob)
 
 

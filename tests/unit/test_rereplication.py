@@ -30,10 +30,7 @@ from disque.cluster.rereplication import (
 )
 from disque.jobs.job import ACKED, F_RELOADED
 from disque.overflow.store import CHUNK
-from tests.unit.noderig import ME, T0, NodeRig
-
-A, B = (bytes([c]) * 40 for c in b"ab")
-IPS = {A: b"10.0.0.2", B: b"10.0.0.3"}
+from tests.unit.noderig import IPS, ME, T0, A, B, NodeRig
 
 
 class Rig(NodeRig):
